@@ -1,0 +1,104 @@
+"""``python -m fedring bench comm``: the ring all-reduce against MPI's native Allreduce.
+
+Both run in the same job, alternating per size, one client per rank. Reports, per
+(implementation, size), the median time of the repeats and nccl-tests' bandwidths:
+``algbw = bytes / seconds`` and ``busbw = algbw * 2 (n - 1) / n`` (bytes = elements x 4),
+plus the bytes each rank sent as measured by the ledger (native: the ring's minimum, which
+MPI does not report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from .comm import Layout, Network
+from .ring import ring_allreduce
+
+
+def _time(fn: Callable[[], None], prepare: Callable[[], None], repeats: int, comm: MPI.Comm) -> float:
+    samples = []
+    for _ in range(repeats):
+        prepare()
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        samples.append(dt)
+    return float(np.median(samples))
+
+
+def comm_impls(net: Network, comm: MPI.Comm, d: int) -> dict[str, tuple[Callable, Callable, Callable]]:
+    """name -> (prepare, run, bytes sent by this rank in one run); extended by the BRACE family."""
+    rng = np.random.default_rng([7, comm.rank])
+    source = rng.standard_normal(d).astype(np.float32)
+    rows = np.empty((1, d), np.float32)
+    out = np.empty(d, np.float32)
+
+    def prepare():
+        rows[0] = source
+        net.ledger.reset()
+
+    def ring_bytes():
+        return int(net.ledger.client_bytes().sum())
+
+    return {
+        "native": (prepare, lambda: comm.Allreduce(source, out, op=MPI.SUM), lambda: -1),
+        "ring": (prepare, lambda: ring_allreduce(net, rows), ring_bytes),
+    }
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m fedring bench comm")
+    p.add_argument("--min-exp", type=int, default=10, help="smallest size 2^k elements (default 10)")
+    p.add_argument("--max-exp", type=int, default=24, help="largest size 2^k elements (default 24)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
+    args = p.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    n = comm.size
+    net = Network(Layout(n, comm))
+    records = []
+    for e in range(args.min_exp, args.max_exp + 1):
+        d = 2**e
+        impls = comm_impls(net, comm, d)
+        ring_sent = None
+        for name, (prepare, run, sent) in impls.items():
+            repeats = args.repeats if d < 2**22 else max(3, args.repeats // 2)
+            seconds = _time(run, prepare, repeats, comm)
+            sent_bytes = comm.allreduce(sent(), op=MPI.MAX)
+            if name == "ring":
+                ring_sent = sent_bytes
+            algbw = d * 4 / seconds
+            records.append(
+                {
+                    "impl": name,
+                    "ranks": n,
+                    "elements": d,
+                    "seconds": seconds,
+                    "algbw": algbw,
+                    "busbw": algbw * 2 * (n - 1) / n,
+                    "bytes_per_rank": sent_bytes,
+                }
+            )
+        for r in records:
+            if r["elements"] == d and r["impl"] == "native":
+                r["bytes_per_rank"] = ring_sent
+    if comm.rank == 0:
+        base = {(r["elements"]): r for r in records if r["impl"] == "ring"}
+        print(f"{'impl':<10}{'ranks':>6}{'elements':>11}{'seconds':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}"
+              f"{'bytes/rank':>14}{'time/ring':>11}")
+        for r in records:
+            ratio = r["seconds"] / base[r["elements"]]["seconds"]
+            r["time_ratio_to_ring"] = ratio
+            print(f"{r['impl']:<10}{r['ranks']:>6}{r['elements']:>11}{r['seconds']:>12.6f}{r['algbw'] / 1e9:>12.3f}"
+                  f"{r['busbw'] / 1e9:>12.3f}{r['bytes_per_rank']:>14}{ratio:>11.2f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(records, f, indent=1)
+    return 0

@@ -1,0 +1,120 @@
+"""Command line: ``python -m fedring [run] [options]``, ``bench``, ``conformal``.
+
+Works under ``mpiexec -n N`` and without it (one rank). Every rank parses the same
+arguments and validates the same settings, so bad input stops every rank alike with exit
+code 2 before any work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from mpi4py import MPI
+
+from .config import Config, load_toml, merge, parse_value, validate
+from .errors import ConfigError
+from .runtime import Guard, agree_on_config_error
+
+# subcommand -> (module, function), imported only when used
+SUBCOMMANDS = {
+    ("bench", "comm"): ("fedring.bench", "main"),
+    ("bench", "aggregators"): ("fedring.bench_aggregators", "main"),
+    ("bench", "prism"): ("fedring.bench_prism", "main"),
+    ("conformal", "prism"): ("fedring.prism_fcp", "main"),
+    ("conformal", "labelshift"): ("fedring.fcp_label_shift", "main"),
+}
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """Reports usage errors as :class:`ConfigError`, so only rank 0 prints them."""
+
+    def error(self, message):
+        raise ConfigError("arguments", f"{message} (see python -m fedring --help)")
+
+
+def run_parser() -> ArgumentParser:
+    p = ArgumentParser(
+        prog="python -m fedring [run]",
+        description="Federated training over MPI; results stream to an HDF5 file.",
+    )
+    add = p.add_argument
+    add("--config", metavar="FILE.toml", help="settings file (keys as below, sections as [name])")
+    add("--set", action="append", default=[], metavar="KEY=VALUE", help="any setting, e.g. rounds=5 or krum.variant=byzfl")
+    add("--topology", choices=None, help="ring | server (default ring)")
+    add("--aggregator", help="aggregation rule (default mean)")
+    add("--clients", type=int, metavar="K", help="logical clients (default: number of ranks)")
+    add("--dataset", help="fashion-mnist | synthetic (default fashion-mnist)")
+    add("--data-dir", dest="data_dir", metavar="DIR", help="Fashion-MNIST IDX files (default $FEDRING_DATA or Debian's)")
+    add("--partition", help="iid | fang | dirichlet (default fang)")
+    add("--noniid", type=float, metavar="X", help="Fang's degree q (default 0.5) or Dirichlet alpha")
+    add("--rounds", type=int, metavar="R")
+    add("--lr", type=float)
+    add("--batch-size", dest="batch_size", type=int)
+    add("--local-steps", dest="local_steps", type=int)
+    add("--seed", type=int, metavar="S")
+    add("--eval-every", dest="eval_every", type=int, metavar="E")
+    add("--out", metavar="PATH.h5")
+    add("--overwrite", action="store_const", const=True)
+    add("--quiet", action="store_const", const=True)
+    return p
+
+
+def build_config(argv: list[str], world_size: int) -> Config:
+    args = run_parser().parse_args(argv)
+    cfg = Config()
+    if args.config:
+        merge(cfg, load_toml(args.config), args.config)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError("set", f"expected KEY=VALUE, got {item!r}")
+        merge(cfg, {key.strip(): parse_value(value.strip())}, "--set")
+    named = {k: v for k, v in vars(args).items() if k not in ("config", "set") and v is not None}
+    merge(cfg, named, "command line")
+    return validate(cfg, world_size)
+
+
+def run(argv: list[str]) -> int:
+    from .training import Trainer, train  # torch is imported only for training
+
+    comm = MPI.COMM_WORLD
+    guard = Guard(comm)
+
+    def job() -> int:
+        error, trainer = None, None
+        try:
+            trainer = Trainer(build_config(argv, comm.size), comm)
+        except ConfigError as e:
+            error = e
+        agree_on_config_error(comm, error)
+        return train(trainer, guard)
+
+    return guard.run(job)
+
+
+USAGE = """usage: python -m fedring [run] [options]        federated training (python -m fedring run --help)
+       python -m fedring bench comm|aggregators|prism [options]
+       python -m fedring conformal prism|labelshift [options]"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    if argv[:1] == ["run"]:
+        argv = argv[1:]
+    elif argv and not argv[0].startswith("-"):
+        key = tuple(argv[:2])
+        if key not in SUBCOMMANDS:
+            if MPI.COMM_WORLD.rank == 0:
+                print(f"fedring: error: unknown command {' '.join(argv[:2])!r}\n{USAGE}", file=sys.stderr)
+            return 2
+        module, fn = SUBCOMMANDS[key]
+        return getattr(importlib.import_module(module), fn)(argv[2:])
+    try:
+        return run(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 0

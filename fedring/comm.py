@@ -1,0 +1,221 @@
+"""Point-to-point messages between logical clients, with every payload byte counted.
+
+Each MPI rank hosts a contiguous block of the ``n`` logical clients. A message between two
+clients on the same rank is a memory copy; between ranks it is an MPI message moved with
+mpi4py's buffer methods (no pickling). Either way the sending client's payload bytes go
+into the :class:`Ledger`, so communication costs are measured, not computed from formulas.
+
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from .errors import ConfigError
+
+#: Ledger phases that are not part of the protocol under study (the adversary's side
+#: channel): counted, but never added into ``bytes_sent``.
+SIDE_CHANNELS = frozenset({"adversary"})
+
+
+def block_bounds(total: int, parts: int) -> np.ndarray:
+    """Boundaries of ``parts`` contiguous blocks of ``total`` items, ``numpy.array_split`` order.
+
+    The first ``total % parts`` blocks have one item more. Returns ``parts + 1`` offsets.
+
+    >>> block_bounds(10, 4).tolist()
+    [0, 3, 6, 8, 10]
+    >>> block_bounds(2, 3).tolist()
+    [0, 1, 2, 2]
+    """
+    q, r = divmod(total, parts)
+    sizes = np.full(parts, q, dtype=np.int64)
+    sizes[:r] += 1
+    return np.concatenate([[0], np.cumsum(sizes)])
+
+
+class Layout:
+    """Which rank hosts which logical clients.
+
+    Rank ``r`` hosts clients ``lo .. hi-1``, contiguous blocks in ``array_split`` order, so
+    the first ranks host one client more when ``size`` does not divide ``n_clients``.
+    """
+
+    def __init__(self, n_clients: int, comm: MPI.Comm | None = None):
+        comm = MPI.COMM_WORLD if comm is None else comm
+        if n_clients < comm.size:
+            raise ConfigError(
+                "clients",
+                f"{n_clients} clients cannot fill {comm.size} MPI ranks: "
+                f"use at least as many clients as ranks (each rank hosts a block of >= 1 client)",
+            )
+        self.comm = comm
+        self.n_clients = n_clients
+        self.rank = comm.rank
+        self.size = comm.size
+        self.bounds = block_bounds(n_clients, comm.size)
+        self.lo = int(self.bounds[self.rank])
+        self.hi = int(self.bounds[self.rank + 1])
+
+    @property
+    def n_local(self) -> int:
+        return self.hi - self.lo
+
+    @property
+    def local_clients(self) -> range:
+        return range(self.lo, self.hi)
+
+    def owner(self, client: int) -> int:
+        """Rank hosting ``client``."""
+        return int(np.searchsorted(self.bounds, client, side="right") - 1)
+
+
+class Ledger:
+    """Payload bytes sent, per logical client and per phase, plus the server's.
+
+    Each rank records the sends of the clients it hosts; :meth:`Network.gather_ledger`
+    combines the ranks' ledgers on rank 0.
+    """
+
+    def __init__(self, n_clients: int):
+        self.n_clients = n_clients
+        self.clients: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(n_clients, np.int64))
+        self.server: dict[str, int] = defaultdict(int)
+
+    def add(self, client: int, phase: str, nbytes: int) -> None:
+        self.clients[phase][client] += nbytes
+
+    def add_server(self, phase: str, nbytes: int) -> None:
+        self.server[phase] += nbytes
+
+    def client_bytes(self, include_side_channels: bool = False) -> np.ndarray:
+        """Bytes per client summed over phases (protocol phases only unless asked)."""
+        total = np.zeros(self.n_clients, np.int64)
+        for phase, counts in self.clients.items():
+            if include_side_channels or phase not in SIDE_CHANNELS:
+                total += counts
+        return total
+
+    def server_bytes(self) -> int:
+        return int(sum(v for k, v in self.server.items() if k not in SIDE_CHANNELS))
+
+    def reset(self) -> None:
+        self.clients.clear()
+        self.server.clear()
+
+
+class Network:
+    """Moves numpy buffers between logical clients and records them in a :class:`Ledger`.
+
+    Uses a private duplicate of the layout's communicator, so fedring's messages can never
+    match a user's.
+    """
+
+    def __init__(self, layout: Layout, ledger: Ledger | None = None):
+        self.layout = layout
+        self.ledger = Ledger(layout.n_clients) if ledger is None else ledger
+        self.comm = layout.comm.Dup()
+        self._scratch = np.empty(0, np.uint8)
+
+    @property
+    def n_clients(self) -> int:
+        return self.layout.n_clients
+
+    def _recv_buffer(self, like: np.ndarray, count: int) -> np.ndarray:
+        nbytes = count * like.itemsize
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(nbytes, np.uint8)
+        return self._scratch[:nbytes].view(like.dtype)
+
+    def ring_step(
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        chunk_of: Callable[[int], int],
+        combine: Callable[[np.ndarray, np.ndarray], None] | None,
+        phase: str,
+    ) -> None:
+        """One synchronous step of a ring protocol over all clients.
+
+        Every client ``i`` sends chunk ``chunk_of(i)`` of its row to client ``i + 1 (mod n)``,
+        which either combines it into its own copy of that chunk (``combine(mine, incoming)``,
+        in place) or, when ``combine`` is None, overwrites its copy.
+
+        ``rows`` holds the rows of this rank's clients, ``bounds`` the chunk offsets. The
+        chunk a client sends is never the chunk it receives in the same step, so hops can be
+        applied one after the other in place.
+        """
+        lay, n = self.layout, self.n_clients
+        if n == 1:
+            return
+
+        def chunk(row: int, c: int) -> np.ndarray:
+            return rows[row, bounds[c] : bounds[c + 1]]
+
+        def deliver(dst: np.ndarray, payload: np.ndarray) -> None:
+            if combine is None:
+                dst[...] = payload
+            else:
+                combine(dst, payload)
+
+        first, last = lay.lo, lay.hi - 1
+        if lay.size > 1:
+            outgoing = chunk(last - lay.lo, chunk_of(last))
+            c_in = chunk_of((first - 1) % n)
+            incoming = self._recv_buffer(rows, int(bounds[c_in + 1] - bounds[c_in]))
+            self.comm.Sendrecv(
+                outgoing, dest=(lay.rank + 1) % lay.size, recvbuf=incoming, source=(lay.rank - 1) % lay.size
+            )
+            self.ledger.add(last, phase, outgoing.nbytes)
+            deliver(chunk(0, c_in), incoming)
+        for i in range(first, last + (lay.size == 1)):
+            j = (i + 1) % n
+            payload = chunk(i - first, chunk_of(i))
+            deliver(chunk(j - first, chunk_of(i)), payload)
+            self.ledger.add(i, phase, payload.nbytes)
+
+    def gather_to_server(self, local: np.ndarray, phase: str) -> np.ndarray | None:
+        """Every client sends its row to the server (rank 0); returns ``(n, ...)`` there, else None."""
+        lay = self.layout
+        local = np.ascontiguousarray(local)
+        for k, client in enumerate(lay.local_clients):
+            self.ledger.add(client, phase, local[k].nbytes)
+        if lay.rank != 0:
+            self.comm.Send(local, dest=0)
+            return None
+        out = np.empty((self.n_clients, *local.shape[1:]), local.dtype)
+        out[lay.lo : lay.hi] = local
+        requests = [
+            self.comm.Irecv(out[lay.bounds[r] : lay.bounds[r + 1]], source=r) for r in range(1, lay.size)
+        ]
+        MPI.Request.Waitall(requests)
+        return out
+
+    def broadcast_from_server(self, vec: np.ndarray | None, phase: str, shape, dtype) -> np.ndarray:
+        """The server (rank 0) sends ``vec`` to every client; returns it on every rank.
+
+        Counted as ``n`` messages from the server, one per logical client; physically one
+        message per rank carries it.
+        """
+        lay = self.layout
+        if lay.rank == 0:
+            vec = np.ascontiguousarray(vec, dtype=dtype).reshape(shape)
+            self.ledger.add_server(phase, vec.nbytes * self.n_clients)
+            MPI.Request.Waitall([self.comm.Isend(vec, dest=r) for r in range(1, lay.size)])
+            return vec
+        out = np.empty(shape, dtype)
+        self.comm.Recv(out, source=0)
+        return out
+
+    def gather_ledger(self) -> tuple[np.ndarray, int]:
+        """Per-client protocol bytes of all clients and the server's bytes, on rank 0."""
+        local = self.ledger.client_bytes()
+        total = np.zeros_like(local) if self.layout.rank == 0 else None
+        # Each client is counted on exactly one rank, so summing zeros elsewhere is exact.
+        self.comm.Reduce(local, total, op=MPI.SUM, root=0)
+        return total, self.ledger.server_bytes()

@@ -1,0 +1,82 @@
+"""Results streamed to one HDF5 file per run, written by rank 0.
+
+Layout::
+
+    /                       attrs: config (JSON), fedring_version, status (running | complete |
+                                   failed), rounds_completed, world_size, n_clients, n_parameters
+    /metrics/<name>         1-D, one entry per evaluated round (round, test_accuracy, ...)
+    /comm/bytes_sent        (rounds, clients) protocol bytes each client sent in each round
+    /comm/server_bytes_sent (rounds,) bytes the server sent (server topology)
+    /model/final            final flat float32 parameter vector
+
+Every append is followed by a flush, so a reader (or a killed job) finds every completed
+round. A new file is first written as ``<out>.part`` and renamed once it has a valid
+header, so a failed start never leaves a half-written file under the final name.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from . import __version__
+
+
+class ResultsFile:
+    """Appendable per-round results; open only on rank 0."""
+
+    def __init__(self, path: str, attrs: dict, overwrite: bool = False):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        part = self.path.with_name(self.path.name + ".part")
+        with h5py.File(part, "w", libver="latest") as f:
+            f.attrs["fedring_version"] = __version__
+            f.attrs["status"] = "running"
+            f.attrs["rounds_completed"] = 0
+            for key, value in attrs.items():
+                f.attrs[key] = value
+        if self.path.exists() and not overwrite:
+            part.unlink()
+            raise FileExistsError(f"{self.path} exists")
+        os.replace(part, self.path)
+        self.h5 = h5py.File(self.path, "r+", libver="latest")
+
+    def _append(self, name: str, value, dtype=None) -> None:
+        value = np.asarray(value, dtype=dtype)
+        if name not in self.h5:
+            self.h5.create_dataset(
+                name, shape=(0, *value.shape), maxshape=(None, *value.shape), dtype=value.dtype,
+                chunks=(max(1, 4096 // max(1, value.size)), *value.shape),
+            )
+        ds = self.h5[name]
+        ds.resize(ds.shape[0] + 1, axis=0)
+        ds[-1] = value
+
+    def append_round(self, metrics: dict, rows: dict | None = None, rounds_completed: int | None = None) -> None:
+        """Append one entry to every ``/metrics/<name>`` and one row to each ``rows`` dataset, then flush."""
+        for name, value in metrics.items():
+            self._append(f"metrics/{name}", value)
+        for name, value in (rows or {}).items():
+            self._append(name, value)
+        if rounds_completed is not None:
+            self.h5.attrs["rounds_completed"] = rounds_completed
+        self.h5.flush()
+
+    def write(self, name: str, data) -> None:
+        if name in self.h5:
+            del self.h5[name]
+        self.h5.create_dataset(name, data=data)
+        self.h5.flush()
+
+    def set_status(self, status: str) -> None:
+        self.h5.attrs["status"] = status
+        self.h5.flush()
+
+    def close(self, status: str | None = None) -> None:
+        if self.h5.id.valid:
+            if status is not None:
+                self.h5.attrs["status"] = status
+            self.h5.close()

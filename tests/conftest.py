@@ -1,0 +1,35 @@
+"""Shared helpers: run fedring (or a script) under ``mpiexec -n N`` with a hard timeout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = shutil.which("mpiexec")
+
+
+def mpi_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_mpi(n: int, args: list[str], timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
+    """``mpiexec -n n python <args>``; fails the test (not hangs) past ``timeout`` seconds."""
+    if n > 1 and MPIEXEC is None:
+        pytest.skip("mpiexec not found (pip install mpich)")
+    cmd = ([MPIEXEC, "-n", str(n)] if n > 1 else []) + [sys.executable, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def fedring(n: int, *args: str, **kw) -> subprocess.CompletedProcess:
+    return run_mpi(n, ["-m", "fedring", *args], **kw)

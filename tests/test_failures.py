@@ -1,0 +1,90 @@
+"""Bad input stops every rank with exit 2 and no file; a crash on any rank ends the job promptly."""
+
+import os
+import time
+
+import h5py
+import pytest
+
+from conftest import fedring, run_mpi
+
+SMALL = ["--dataset", "synthetic", "--clients", "4", "--rounds", "2", "--quiet"]
+
+
+@pytest.mark.parametrize(
+    "args,key",
+    [
+        (["--topology", "mesh"], "topology: 'mesh' is not allowed; allowed: ring, server"),
+        (["--rounds", "0"], "rounds: must be >= 1"),
+        (["--clients", "1"], "clients: 1 clients on 2 MPI ranks"),
+        (["--set", "bogus=3"], "bogus: unknown setting"),
+        (["--set", "rounds=many"], "rounds: expected int"),
+        (["--aggregator", "nope"], "aggregator: "),
+        (["--partition", "dirichlet", "--noniid", "0"], "noniid: Dirichlet alpha must be > 0"),
+        (["--dataset", "fashion-mnist", "--data-dir", "/nonexistent"], "data_dir: Fashion-MNIST files"),
+        (["--config", "/nonexistent.toml"], "config: file /nonexistent.toml does not exist"),
+        (["--frobnicate"], "arguments: unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_config_errors_exit_2_before_any_work(tmp_path, args, key):
+    out = tmp_path / "x.h5"
+    proc = fedring(2, *SMALL, "--out", str(out), *args, check=False, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert key in proc.stderr
+    assert proc.stderr.count("fedring: error") == 1  # said once, by rank 0
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_existing_output_needs_overwrite(tmp_path):
+    out = tmp_path / "x.h5"
+    out.write_bytes(b"keep me")
+    proc = fedring(1, *SMALL, "--out", str(out), check=False)
+    assert proc.returncode == 2 and "pass --overwrite" in proc.stderr
+    assert out.read_bytes() == b"keep me"
+    fedring(1, *SMALL, "--out", str(out), "--overwrite")
+    with h5py.File(out) as f:
+        assert f.attrs["status"] == "complete"
+
+
+def test_toml_config_and_precedence(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('dataset = "synthetic"\nclients = 4\nrounds = 5\nseed = 3\n')
+    out = tmp_path / "c.h5"
+    fedring(1, "--config", str(cfg), "--set", "rounds=3", "--rounds", "2", "--quiet", "--out", str(out))
+    with h5py.File(out) as f:
+        import json
+        c = json.loads(f.attrs["config"])
+        assert (c["rounds"], c["seed"], c["clients"]) == (2, 3, 4)
+        assert f.attrs["rounds_completed"] == 2
+
+
+CRASH = """
+import sys
+import fedring.training as training
+original = training.train_round
+def train_round(tr, t):
+    if tr.comm.rank == int(sys.argv[1]) and t == 2:
+        raise RuntimeError("injected failure on purpose")
+    return original(tr, t)
+training.train_round = train_round
+from fedring.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("failing_rank", [0, 2])
+def test_exception_on_any_rank_ends_job_with_traceback(tmp_path, failing_rank):
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH)
+    out = tmp_path / "crash.h5"
+    t0 = time.perf_counter()
+    proc = run_mpi(3, [str(script), str(failing_rank), "--dataset", "synthetic", "--clients", "3",
+                       "--rounds", "50", "--eval-every", "1", "--quiet", "--out", str(out)], check=False, timeout=90)
+    elapsed = time.perf_counter() - t0
+    assert proc.returncode != 0
+    assert "RuntimeError: injected failure on purpose" in proc.stderr
+    assert f"rank {failing_rank} failed" in proc.stderr
+    assert elapsed < 60
+    with h5py.File(out, "r") as f:  # readable, every completed round kept
+        assert f.attrs["status"] == "failed"
+        assert f["metrics/round"][:].tolist() == [1, 2]

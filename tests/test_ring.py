@@ -1,0 +1,95 @@
+"""Ring all-reduce: exact sums, exact byte counts, any client count and size, any rank count."""
+
+import numpy as np
+import pytest
+
+from fedring.comm import Layout, Network, block_bounds
+from fedring.ring import chunk_bounds, ring_allreduce
+
+from conftest import run_mpi
+
+SIZES = [0, 1, 2, 17, 17**2, 17**3]
+CLIENTS = [1, 2, 3, 5, 8, 17]
+
+
+def expected_bytes(n: int, d: int, itemsize: int) -> np.ndarray:
+    """Client i never sends chunk i+1 in reduce-scatter nor chunk i+2 in all-gather (BRACE spec §2.3)."""
+    sizes = np.diff(chunk_bounds(d, n))
+    i = np.arange(n)
+    return itemsize * ((d - sizes[(i + 1) % n]) + (d - sizes[(i + 2) % n])) * (n > 1)
+
+
+@pytest.mark.parametrize("n", CLIENTS)
+@pytest.mark.parametrize("d", SIZES)
+def test_ring_equals_direct_sum_on_integers(n, d):
+    X = np.random.default_rng([n, d]).integers(-1000, 1000, (n, d))
+    net = Network(Layout(n))
+    rows = X.copy()
+    ring_allreduce(net, rows)
+    np.testing.assert_array_equal(rows, np.broadcast_to(X.sum(0), X.shape))
+    np.testing.assert_array_equal(net.ledger.client_bytes(), expected_bytes(n, d, X.itemsize))
+
+
+@pytest.mark.parametrize("n", [3, 8, 17, 100])
+def test_ring_float_within_reordering_tolerance(n):
+    d = 1000
+    X = np.random.default_rng(n).standard_normal((n, d)).astype(np.float32)
+    rows = X.copy()
+    ring_allreduce(Network(Layout(n)), rows)
+    exact = X.astype(np.float64).sum(0)
+    # each of n-1 additions may round once: |error| <= (n-1) eps sum|x|
+    bound = (n - 1) * np.finfo(np.float32).eps * np.abs(X).astype(np.float64).sum(0)
+    assert np.all(np.abs(rows - exact) <= bound)
+    assert np.all(rows == rows[0])
+
+
+def test_bytes_when_n_divides_d():
+    n, d = 8, 8 * 125
+    rows = np.ones((n, d), np.float32)
+    net = Network(Layout(n))
+    ring_allreduce(net, rows)
+    assert np.all(net.ledger.client_bytes() == 2 * (n - 1) * d * 4 // n)
+
+
+def test_brace_paper_figure_1():
+    rows = np.array([[5, 2, -10], [8, -4, 7], [9, 3, 8]])
+    ring_allreduce(Network(Layout(3)), rows)
+    assert rows.tolist() == [[22, 1, 5]] * 3
+    attacked = np.array([[5, 2, -200], [8, -4, 7], [9, 3, 8]])
+    ring_allreduce(Network(Layout(3)), attacked)
+    assert attacked[0].tolist() == [22, 1, -185]
+
+
+def test_block_bounds():
+    assert block_bounds(10, 4).tolist() == [0, 3, 6, 8, 10]
+    assert block_bounds(2, 3).tolist() == [0, 1, 2, 2]
+
+
+RING_SCRIPT = """
+import sys, numpy as np
+from fedring.comm import Layout, Network
+from fedring.ring import ring_allreduce, chunk_bounds
+n, d = int(sys.argv[1]), int(sys.argv[2])
+lay = Layout(n); net = Network(lay)
+X = np.random.default_rng([n, d]).integers(-1000, 1000, (n, d)).astype(np.int32)
+rows = X[lay.lo:lay.hi].copy()
+ring_allreduce(net, rows)
+assert (rows == X.sum(0)).all()
+F = np.random.default_rng([n, d, 1]).standard_normal((n, d)).astype(np.float32)
+frows = F[lay.lo:lay.hi].copy()
+ring_allreduce(Network(lay), frows)
+ref = F.copy(); ring_allreduce(Network(Layout(n, comm=__import__('mpi4py').MPI.COMM_SELF)), ref)
+assert (frows == ref[0]).all(), "float ring must be bit-identical to the one-rank ring"
+total, _ = net.gather_ledger()
+if lay.rank == 0:
+    print("BYTES", " ".join(map(str, total)))
+"""
+
+
+@pytest.mark.parametrize("ranks,n,d", [(2, 2, 17), (3, 5, 17**2), (4, 8, 3), (4, 17, 17**3), (2, 7, 0)])
+def test_ring_over_mpi(tmp_path, ranks, n, d):
+    script = tmp_path / "ring.py"
+    script.write_text(RING_SCRIPT)
+    out = run_mpi(ranks, [str(script), str(n), str(d)]).stdout
+    counted = [int(v) for v in out.split("BYTES")[1].split()]
+    assert counted == expected_bytes(n, d, 4).tolist()
