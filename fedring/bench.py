@@ -1,10 +1,12 @@
 """``python -m fedring bench comm``: the ring all-reduce against MPI's native Allreduce.
 
-Both run in the same job, alternating per size, one client per rank. Reports, per
-(implementation, size), the median time of the repeats and nccl-tests' bandwidths:
-``algbw = bytes / seconds`` and ``busbw = algbw * 2 (n - 1) / n`` (bytes = elements x 4),
-plus the bytes each rank sent as measured by the ledger (native: the ring's minimum, which
-MPI does not report).
+All run in the same job, alternating per size, one client per rank: MPI's native
+Allreduce, the float32 ring, and the sign-voting rings of :mod:`fedring.brace` (``brace``,
+``signsgd``, ``rlr``: quantization, int8 Share-Reduce, consensus, packed Share-Only) on the
+same float32 vectors. Reports, per (implementation, size), the median time of the repeats
+and nccl-tests' bandwidths: ``algbw = bytes / seconds`` and ``busbw = algbw * 2 (n - 1) / n``
+(bytes = elements x 4), the bytes each rank sent as measured by the ledger (native: the
+ring's minimum, which MPI does not report), and time and bytes relative to the float32 ring.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
+from .brace import RING_RULES, SignVote
 from .comm import Layout, Network
 from .ring import ring_allreduce
 
@@ -47,10 +50,14 @@ def comm_impls(net: Network, comm: MPI.Comm, d: int) -> dict[str, tuple[Callable
     def ring_bytes():
         return int(net.ledger.client_bytes().sum())
 
-    return {
+    impls = {
         "native": (prepare, lambda: comm.Allreduce(source, out, op=MPI.SUM), lambda: -1),
         "ring": (prepare, lambda: ring_allreduce(net, rows), ring_bytes),
     }
+    for rule in RING_RULES:
+        vote = SignVote(rule, net.n_clients, {})
+        impls[rule] = (prepare, lambda vote=vote: vote(net, rows), ring_bytes)
+    return impls
 
 
 def main(argv: list[str]) -> int:
@@ -92,12 +99,13 @@ def main(argv: list[str]) -> int:
     if comm.rank == 0:
         base = {(r["elements"]): r for r in records if r["impl"] == "ring"}
         print(f"{'impl':<10}{'ranks':>6}{'elements':>11}{'seconds':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}"
-              f"{'bytes/rank':>14}{'time/ring':>11}")
+              f"{'bytes/rank':>14}{'time/ring':>11}{'bytes/ring':>12}")
         for r in records:
             ratio = r["seconds"] / base[r["elements"]]["seconds"]
             r["time_ratio_to_ring"] = ratio
+            r["bytes_ratio_to_ring"] = r["bytes_per_rank"] / max(base[r["elements"]]["bytes_per_rank"], 1)
             print(f"{r['impl']:<10}{r['ranks']:>6}{r['elements']:>11}{r['seconds']:>12.6f}{r['algbw'] / 1e9:>12.3f}"
-                  f"{r['busbw'] / 1e9:>12.3f}{r['bytes_per_rank']:>14}{ratio:>11.2f}")
+                  f"{r['busbw'] / 1e9:>12.3f}{r['bytes_per_rank']:>14}{ratio:>11.2f}{r['bytes_ratio_to_ring']:>12.3f}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(records, f, indent=1)

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from .config import Config, load_toml, merge, parse_value, validate
 from .errors import ConfigError
-from .runtime import Guard, agree_on_config_error
+from .runtime import Guard, StopRequest, agree_on_config_error
 
 # subcommand -> (module, function), imported only when used
 SUBCOMMANDS = {
@@ -44,6 +44,10 @@ def run_parser() -> ArgumentParser:
     add("--set", action="append", default=[], metavar="KEY=VALUE", help="any setting, e.g. rounds=5 or krum.variant=byzfl")
     add("--topology", choices=None, help="ring | server (default ring)")
     add("--aggregator", help="aggregation rule (default mean)")
+    add("--pre-aggregators", dest="pre_aggregators", metavar="A,B", help="pre-aggregators in front of a server rule: nnm, bucketing, clipping")
+    add("--byzantine", type=float, metavar="X", help="Byzantine clients: a fraction (< 1) or a count (default 0)")
+    add("--declared-f", dest="declared_f", type=int, metavar="F", help="Byzantine count the defence is told (default: actual)")
+    add("--attack", help="attack of the Byzantine clients (default none); parameters as attack.KEY")
     add("--clients", type=int, metavar="K", help="logical clients (default: number of ranks)")
     add("--dataset", help="fashion-mnist | synthetic (default fashion-mnist)")
     add("--data-dir", dest="data_dir", metavar="DIR", help="Fashion-MNIST IDX files (default $FEDRING_DATA or Debian's)")
@@ -56,7 +60,9 @@ def run_parser() -> ArgumentParser:
     add("--seed", type=int, metavar="S")
     add("--eval-every", dest="eval_every", type=int, metavar="E")
     add("--out", metavar="PATH.h5")
+    add("--checkpoint-every", dest="checkpoint_every", type=int, metavar="C", help="checkpoint into the results file every C rounds (default 10)")
     add("--overwrite", action="store_const", const=True)
+    add("--resume", action="store_const", const=True, help="continue the run stored in --out from its checkpoint")
     add("--quiet", action="store_const", const=True)
     return p
 
@@ -77,6 +83,7 @@ def build_config(argv: list[str], world_size: int) -> Config:
 
 
 def run(argv: list[str]) -> int:
+    stop = StopRequest()
     from .training import Trainer, train  # torch is imported only for training
 
     comm = MPI.COMM_WORLD
@@ -89,7 +96,7 @@ def run(argv: list[str]) -> int:
         except ConfigError as e:
             error = e
         agree_on_config_error(comm, error)
-        return train(trainer, guard)
+        return train(trainer, guard, stop)
 
     return guard.run(job)
 

@@ -212,6 +212,29 @@ class Network:
         self.comm.Recv(out, source=0)
         return out
 
+    def scatter_from_server(self, rows: np.ndarray | None, clients: np.ndarray, phase: str, shape, dtype) -> np.ndarray:
+        """The server sends row ``j`` of ``rows`` to client ``clients[j]`` (sorted ids).
+
+        Returns, on every rank, the rows addressed to the clients it hosts, in client order.
+        """
+        lay = self.layout
+        owners = np.searchsorted(lay.bounds, clients, side="right") - 1
+        mine = np.flatnonzero(owners == lay.rank)
+        if lay.rank == 0:
+            rows = np.ascontiguousarray(rows, dtype=dtype)
+            self.ledger.add_server(phase, rows.nbytes)
+            requests = []
+            for r in range(1, lay.size):
+                theirs = np.flatnonzero(owners == r)
+                if len(theirs):
+                    requests.append(self.comm.Isend(np.ascontiguousarray(rows[theirs]), dest=r))
+            MPI.Request.Waitall(requests)
+            return rows[mine]
+        out = np.empty((len(mine), *shape), dtype)
+        if len(mine):
+            self.comm.Recv(out, source=0)
+        return out
+
     def gather_ledger(self) -> tuple[np.ndarray, int]:
         """Per-client protocol bytes of all clients and the server's bytes, on rank 0."""
         local = self.ledger.client_bytes()

@@ -28,21 +28,29 @@ class Config:
 
     topology: str = "ring"
     aggregator: str = "mean"
+    pre_aggregators: list = field(default_factory=list)
     clients: int | None = None  # default: one client per MPI rank
+    byzantine: float = 0.0  # a fraction (< 1) or a count of clients
+    byzantine_select: str = "random"
+    declared_f: int | None = None  # what the defence is told; default: the actual count
+    attack: str = "none"
+    server_samples: int = 100
     dataset: str = "fashion-mnist"
     data_dir: str | None = None
     partition: str = "fang"
     noniid: float = 0.5
     model: str = "cnn"
-    rounds: int = 300
+    rounds: int = 2000
     lr: float = 0.1
     batch_size: int = 32
     local_steps: int = 1
     seed: int = 0
-    eval_every: int = 10
+    eval_every: int = 50
     threads: int = 1
+    checkpoint_every: int = 10
     out: str | None = None
     overwrite: bool = False
+    resume: bool = False
     quiet: bool = False
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -88,9 +96,15 @@ def _coerce(key: str, value: Any) -> Any:
             if not isinstance(value, str):
                 raise ValueError
             return value
+        if kind == "list":
+            items = value.split(",") if isinstance(value, str) else value
+            if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+                raise ValueError
+            return [v.strip() for v in items if v.strip()]
     except (TypeError, ValueError):
         pass
-    raise ConfigError(key, f"expected {kind.replace(' | None', '')}, got {value!r}")
+    expected = "a list of names" if kind == "list" else kind.replace(" | None", "")
+    raise ConfigError(key, f"expected {expected}, got {value!r}")
 
 
 def merge(cfg: Config, items: dict[str, Any], origin: str) -> Config:
@@ -139,8 +153,15 @@ def validate(cfg: Config, world_size: int) -> Config:
         raise ConfigError(
             "clients", f"{cfg.clients} clients on {world_size} MPI ranks: need clients >= ranks (K >= N)"
         )
-    for key in ("rounds", "batch_size", "local_steps", "eval_every", "threads"):
+    for key in ("rounds", "batch_size", "local_steps", "eval_every", "threads", "checkpoint_every", "server_samples"):
         positive(key)
+    choice("byzantine_select", ("random", "first"))
+    if cfg.byzantine < 0 or (cfg.byzantine >= 1 and not float(cfg.byzantine).is_integer()):
+        raise ConfigError("byzantine", f"a fraction in [0, 1) or a whole count of clients, got {cfg.byzantine}")
+    if byzantine_count(cfg) >= cfg.clients:
+        raise ConfigError("byzantine", f"{byzantine_count(cfg)} Byzantine of {cfg.clients} clients leaves no honest client")
+    if cfg.declared_f is not None and not 0 <= cfg.declared_f < cfg.clients:
+        raise ConfigError("declared_f", f"must be in [0, clients), got {cfg.declared_f}")
     positive("seed", 0)
     if not cfg.lr > 0:
         raise ConfigError("lr", f"must be > 0, got {cfg.lr}")
@@ -150,6 +171,25 @@ def validate(cfg: Config, world_size: int) -> Config:
         raise ConfigError("noniid", f"Dirichlet alpha must be > 0, got {cfg.noniid}")
     if cfg.out is None:
         cfg.out = cfg.default_out()
-    if Path(cfg.out).exists() and not cfg.overwrite:
-        raise ConfigError("out", f"{cfg.out} exists; pass --overwrite to replace it or choose another --out")
+    if cfg.resume and cfg.overwrite:
+        raise ConfigError("resume", "--resume continues the file that --overwrite would replace: give one of them")
+    if cfg.resume and not Path(cfg.out).exists():
+        raise ConfigError("resume", f"nothing to resume: {cfg.out} does not exist")
+    if Path(cfg.out).exists() and not (cfg.overwrite or cfg.resume):
+        raise ConfigError("out", f"{cfg.out} exists; pass --overwrite to replace it, --resume to continue it, or choose another --out")
     return cfg
+
+
+def byzantine_count(cfg: Config) -> int:
+    """Actual number of Byzantine clients: a fraction of ``clients`` (rounded) or a count."""
+    return int(round(cfg.byzantine * cfg.clients)) if cfg.byzantine < 1 else int(cfg.byzantine)
+
+
+#: Settings that steer a run without changing its results; --resume ignores them.
+RUN_CONTROL = ("out", "overwrite", "resume", "quiet", "checkpoint_every")
+
+
+def config_differences(stored: dict, current: dict) -> list[str]:
+    """``key: stored -> current`` for every result-changing setting that differs."""
+    keys = sorted((set(stored) | set(current)) - set(RUN_CONTROL))
+    return [f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in keys if stored.get(k) != current.get(k)]

@@ -189,13 +189,21 @@ class FederatedData:
     """
 
     def __init__(self, dataset: str, data_dir: str | None, n_clients: int, clients: range,
-                 kind: str, noniid: float, seed: int):
+                 kind: str, noniid: float, seed: int, server_samples: int = 0):
         self.n_clients = n_clients
         self.clients = clients
+        self.server = None  # the server's small clean set (FLTrust, Zeno++), when asked for
+
+        def server_rows(n_train: int) -> np.ndarray:
+            return np.sort(np.random.default_rng([seed, 0x5E4]).permutation(n_train)[:server_samples])
+
         if dataset == "synthetic":
             train, test = synthetic_set(seed)
             parts = _checked(partition(train.y, n_clients, kind, noniid, seed))
             self.shards = [Shard(train.x[parts[c]], train.y[parts[c]]) for c in clients]
+            if server_samples:
+                rows = server_rows(len(train.y))
+                self.server = Shard(train.x[rows], train.y[rows])
             bounds = block_bounds(len(test.y), n_clients)
             lo, hi = bounds[clients.start], bounds[clients.stop]
             self.test_bounds = bounds[clients.start : clients.stop + 1] - lo
@@ -211,6 +219,9 @@ class FederatedData:
             for c in clients:
                 rows = np.fromiter((where[int(s)] for s in parts[c]), np.int64, len(parts[c]))
                 self.shards.append(Shard(_to_float(images[rows]), labels[parts[c]]))
+            if server_samples:
+                rows = server_rows(len(labels))
+                self.server = Shard(_to_float(read_idx(root / FMNIST_FILES["train_images"], rows)), labels[rows])
             test_labels = read_idx(root / FMNIST_FILES["test_labels"]).astype(np.int64)
             bounds = block_bounds(len(test_labels), n_clients)
             lo, hi = int(bounds[clients.start]), int(bounds[clients.stop])

@@ -8,10 +8,15 @@ Layout::
     /comm/bytes_sent        (rounds, clients) protocol bytes each client sent in each round
     /comm/server_bytes_sent (rounds,) bytes the server sent (server topology)
     /model/final            final flat float32 parameter vector
+    /checkpoint             model, aggregator state and counters of the last checkpointed round
+                            (attrs: round, bytes_sent_total, wall_seconds); --resume starts there
 
 Every append is followed by a flush, so a reader (or a killed job) finds every completed
 round. A new file is first written as ``<out>.part`` and renamed once it has a valid
-header, so a failed start never leaves a half-written file under the final name.
+header, so a failed start never leaves a half-written file under the final name. The file
+keeps HDF5's default (oldest compatible) format on purpose: the newer superblock marks a
+file "open for write" until a clean close, and a killed job's file would then refuse to
+open without ``h5clear``.
 """
 
 from __future__ import annotations
@@ -28,11 +33,38 @@ from . import __version__
 class ResultsFile:
     """Appendable per-round results; open only on rank 0."""
 
+    @classmethod
+    def reopen(cls, path: str, rounds_completed: int) -> "ResultsFile":
+        """Open an existing run to resume it after ``rounds_completed`` rounds.
+
+        Entries of later rounds (written after the checkpoint) are cut off, so the resumed
+        run appends exactly what an uninterrupted run would have.
+        """
+        self = cls.__new__(cls)
+        self.path = Path(path)
+        self.h5 = h5py.File(self.path, "r+")
+        rounds = self.h5["metrics/round"][:] if "metrics/round" in self.h5 else np.zeros(0)
+        keep_metrics = int(np.searchsorted(rounds, rounds_completed, side="right"))
+        # /metrics has one entry per evaluated round; every other resizable group one per round
+        for name, group in self.h5.items():
+            if not isinstance(group, h5py.Group) or name in ("checkpoint", "byzantine", "model"):
+                continue
+            keep = keep_metrics if name == "metrics" else rounds_completed
+            for ds in group.values():
+                if isinstance(ds, h5py.Dataset) and ds.maxshape[0] is None:
+                    ds.resize(min(keep, ds.shape[0]), axis=0)
+        if "model/final" in self.h5:
+            del self.h5["model/final"]
+        self.h5.attrs["rounds_completed"] = rounds_completed
+        self.h5.attrs["status"] = "running"
+        self.h5.flush()
+        return self
+
     def __init__(self, path: str, attrs: dict, overwrite: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         part = self.path.with_name(self.path.name + ".part")
-        with h5py.File(part, "w", libver="latest") as f:
+        with h5py.File(part, "w") as f:
             f.attrs["fedring_version"] = __version__
             f.attrs["status"] = "running"
             f.attrs["rounds_completed"] = 0
@@ -42,7 +74,7 @@ class ResultsFile:
             part.unlink()
             raise FileExistsError(f"{self.path} exists")
         os.replace(part, self.path)
-        self.h5 = h5py.File(self.path, "r+", libver="latest")
+        self.h5 = h5py.File(self.path, "r+")
 
     def _append(self, name: str, value, dtype=None) -> None:
         value = np.asarray(value, dtype=dtype)
@@ -63,6 +95,17 @@ class ResultsFile:
             self._append(name, value)
         if rounds_completed is not None:
             self.h5.attrs["rounds_completed"] = rounds_completed
+        self.h5.flush()
+
+    def write_checkpoint(self, arrays: dict[str, np.ndarray], attrs: dict) -> None:
+        """Replace ``/checkpoint`` with ``arrays`` and ``attrs`` in one flush."""
+        if "checkpoint" in self.h5:
+            del self.h5["checkpoint"]
+        group = self.h5.create_group("checkpoint")
+        for name, value in arrays.items():
+            group.create_dataset(name, data=value)
+        for key, value in attrs.items():
+            group.attrs[key] = value
         self.h5.flush()
 
     def write(self, name: str, data) -> None:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
@@ -99,3 +100,20 @@ class Guard:
             raise  # unreachable: fail() aborts
         finally:
             self.close()
+
+
+class StopRequest:
+    """SIGTERM / SIGUSR1 (SLURM's warning before a time limit or preemption) ask the run to
+    stop after the current round. Installed first thing, so an early signal is not fatal;
+    the ranks agree on it with one tiny collective per round."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def agreed(self, comm: MPI.Comm) -> bool:
+        return comm.allreduce(self.requested, op=MPI.LOR)

@@ -1,59 +1,152 @@
 """Federated training over MPI: each rank hosts a block of clients; one round is :func:`train_round`.
 
 Determinism: every random draw of client ``c`` in round ``t`` comes from
-``numpy.random.default_rng([seed, c, t, stream])`` and the model is initialised from
-``seed``; every ring chunk is summed in ring order. So the same seed gives bit-identical
-results, final model included, on any number of ranks (with the same ``threads``).
+``numpy.random.default_rng([seed, c, t, stream])``, the run-wide draws of round ``t`` (the
+adversary's, the aggregator's) from ``default_rng([seed, stream, t])``, and the model is
+initialised from ``seed``; every ring chunk is summed in ring order. So the same seed gives
+bit-identical results, final model included, on any number of ranks (with the same
+``threads``), and a resumed run needs no RNG state: only the model, the aggregator's state
+and the round counter are checkpointed.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from .comm import Layout, Network
-from .config import Config
+from .aggregators import make_aggregator
+from .attacks import AttackContext, Backdoor, DataAttack, make_attack
+from .brace import RING_RULES, SignVote
+from .comm import Network, Layout
+from .config import Config, byzantine_count, config_differences
 from .data import FederatedData, Shard
 from .errors import ConfigError
 from .models import flat_grad_into, flatten, load_flat, make_model
 from .results import ResultsFile
 from .ring import ring_allreduce
+from .runtime import Guard, StopRequest
 
-STREAM_BATCH = 1
+STREAM_BATCH, STREAM_POISON, STREAM_ATTACK, STREAM_AGGREGATOR, STREAM_SERVER = 1, 2, 3, 4, 5
 EVAL_BATCH = 500
+#: exit code of a run stopped by SIGTERM/SIGUSR1 after checkpointing (EX_TEMPFAIL): requeue it
+EXIT_PREEMPTED = 75
 
 
-@dataclass
-class Update:
-    """The aggregate every replica applies (``w <- w - lr * vector``) and what it cost."""
-
-    vector: np.ndarray
+def byzantine_clients(cfg: Config) -> np.ndarray:
+    """Sorted ids of the clients that attack: drawn from the seed, or the first ones."""
+    count = byzantine_count(cfg)
+    if cfg.byzantine_select == "first":
+        return np.arange(count)
+    return np.sort(np.random.default_rng([cfg.seed, 0xB12]).choice(cfg.clients, count, replace=False))
 
 
 class Topology:
-    """How the clients' gradients become one update; built from the config."""
+    """How the clients' gradients become the update every replica applies."""
 
-    def __init__(self, cfg: Config, net: Network):
-        self.cfg, self.net = cfg, net
-        if cfg.topology == "ring" and cfg.aggregator != "mean":
-            raise ConfigError("aggregator", f"{cfg.aggregator!r} does not run on the ring; allowed on the ring: mean")
-        if cfg.topology == "server" and cfg.aggregator != "mean":
-            raise ConfigError("aggregator", f"unknown server aggregator {cfg.aggregator!r}; allowed: mean")
+    def __init__(self, cfg: Config, net: Network, byzantine: np.ndarray, d: int):
+        self.cfg, self.net, self.d = cfg, net, d
+        n, f = cfg.clients, cfg.declared_f if cfg.declared_f is not None else len(byzantine)
+        self.signvote = self.rule = None
+        self.state: dict[str, np.ndarray] = {}
+        self.selected = None
+        if cfg.topology == "ring":
+            if cfg.aggregator in RING_RULES:
+                self.signvote = SignVote(cfg.aggregator, n, cfg.section(cfg.aggregator), seed=cfg.seed)
+                self.signvote.set_byzantine(byzantine)
+            elif cfg.aggregator != "mean":
+                raise ConfigError(
+                    "aggregator", f"{cfg.aggregator!r} does not run on the ring; allowed: mean, {', '.join(RING_RULES)}"
+                    " (or --topology server)",
+                )
+        else:
+            params = {**cfg.section(cfg.aggregator), **{p: cfg.section(p) for p in cfg.pre_aggregators}}
+            self.rule = make_aggregator(cfg.aggregator, f, params, pre=cfg.pre_aggregators)
+            reason = self.rule.check(n)
+            if reason is not None:
+                raise ConfigError("aggregator", reason)
+            if net.layout.rank == 0:
+                self.state = self.rule.init_state(n, d)
 
-    def aggregate(self, grads: np.ndarray) -> Update:
+    @property
+    def needs_reference(self) -> bool:
+        return self.rule is not None and self.rule.needs_reference
+
+    def reference_rule(self, X: np.ndarray, reference: np.ndarray | None = None) -> np.ndarray:
+        """The rule applied centrally to all rows (what aggregator-aware attacks optimise against)."""
+        if self.signvote is not None:
+            return self.signvote.centralized(X)
+        if self.rule is None:
+            return X.mean(axis=0)
+        return self.rule.aggregate(X, state=None, reference=reference, rng=np.random.default_rng(0)).vector
+
+    def aggregate(self, grads: np.ndarray, t: int, reference: np.ndarray | None) -> np.ndarray:
         n = self.net.n_clients
-        if self.cfg.topology == "ring":
+        if self.signvote is not None:
+            self.signvote.round = t  # its relay attacks draw per round: keeps --resume exact
+            return self.signvote(self.net, grads)
+        if self.rule is None:
             ring_allreduce(self.net, grads)
-            return Update(grads[0] / np.float32(n))
+            return grads[0] / np.float32(n)
         stacked = self.net.gather_to_server(grads, "uplink")
-        vec = stacked.mean(axis=0, dtype=np.float32) if stacked is not None else None
-        return Update(self.net.broadcast_from_server(vec, "downlink", grads.shape[1:], np.float32))
+        vec = None
+        if stacked is not None:
+            rng = np.random.default_rng([self.cfg.seed, STREAM_AGGREGATOR, t])
+            result = self.rule.aggregate(stacked, state=self.state, reference=reference, rng=rng)
+            vec, self.selected = result.vector, result.selected
+        return self.net.broadcast_from_server(vec, "downlink", (self.d,), np.float32)
+
+
+class Adversary:
+    """The Byzantine clients' attack; omniscient and colluding attacks learn the other
+    clients' updates through an explicit side channel (ledger phase ``adversary``), whose
+    bytes are never counted as protocol traffic."""
+
+    def __init__(self, cfg: Config, net: Network, byzantine: np.ndarray, topology: Topology):
+        self.cfg, self.net, self.topology = cfg, net, topology
+        self.byzantine = byzantine
+        self.is_byzantine = np.zeros(cfg.clients, bool)
+        self.is_byzantine[byzantine] = True
+        self.f = cfg.declared_f if cfg.declared_f is not None else len(byzantine)
+        self.attack = make_attack(cfg.attack, cfg.section("attack"), n_clients=cfg.clients)
+        if self.attack is not None and len(byzantine) == 0:
+            raise ConfigError("byzantine", f"--attack {cfg.attack} needs Byzantine clients: set --byzantine")
+        if self.attack is not None and self.attack.kind == "model":
+            self.attack.check(cfg.clients, len(byzantine), self.f)
+        self.data_attack = self.attack if isinstance(self.attack, DataAttack) else None
+
+    def poisons(self, client: int) -> bool:
+        return self.data_attack is not None and self.is_byzantine[client]
+
+    def context(self, rng: np.random.Generator, t: int, reference: np.ndarray | None = None) -> AttackContext:
+        return AttackContext(rng=rng, n=self.cfg.clients, f=self.f, lr=self.cfg.lr, round=t,
+                             aggregator=lambda X: self.topology.reference_rule(X, reference),
+                             aggregator_name=self.cfg.aggregator)
+
+    def attack_model(self, grads: np.ndarray, t: int, reference: np.ndarray | None) -> None:
+        """Replace the Byzantine clients' rows of ``grads`` (this rank's clients) in place."""
+        if self.attack is None or self.attack.kind != "model":
+            return
+        lay = self.net.layout
+        local = [k for k, c in enumerate(lay.local_clients) if self.is_byzantine[c]]
+        if self.attack.knowledge == "own":
+            for k in local:
+                rng = np.random.default_rng([self.cfg.seed, lay.lo + k, t, STREAM_ATTACK])
+                grads[k] = self.attack(grads[k : k + 1], None, self.context(rng, t))[0]
+            return
+        everyone = self.net.gather_to_server(grads, "adversary")
+        crafted = None
+        if everyone is not None:
+            honest = everyone[~self.is_byzantine] if self.attack.knowledge == "omniscient" else None
+            rng = np.random.default_rng([self.cfg.seed, STREAM_ATTACK, t])
+            crafted = self.attack(everyone[self.byzantine], honest, self.context(rng, t, reference))
+        mine = self.net.scatter_from_server(crafted, self.byzantine, "adversary", grads.shape[1:], grads.dtype)
+        grads[local] = mine
 
 
 class Trainer:
@@ -64,73 +157,143 @@ class Trainer:
         self.cfg, self.comm = cfg, comm
         self.layout = Layout(cfg.clients, comm)
         self.net = Network(self.layout)
-        self.topology = Topology(cfg, self.net)
-        self.data = FederatedData(
-            cfg.dataset, cfg.data_dir, cfg.clients, self.layout.local_clients, cfg.partition, cfg.noniid, cfg.seed
-        )
         self.model = make_model(cfg.model, cfg.seed)
         self.w = flatten(self.model)
         self.d = self.w.size
+        self.byzantine = byzantine_clients(cfg)
+        self.topology = Topology(cfg, self.net, self.byzantine, self.d)
+        self.adversary = Adversary(cfg, self.net, self.byzantine, self.topology)
+        self.data = FederatedData(
+            cfg.dataset, cfg.data_dir, cfg.clients, self.layout.local_clients, cfg.partition, cfg.noniid, cfg.seed,
+            server_samples=cfg.server_samples if self.topology.needs_reference and comm.rank == 0 else 0,
+        )
         self.grads = np.empty((self.layout.n_local, self.d), np.float32)
         self.batch_loss = np.zeros(cfg.clients)
+        self.start_round = 0
+        self.resumed: dict = {}
+        if cfg.resume:
+            self._load_checkpoint()
 
-    def client_rng(self, client: int, t: int, stream: int) -> np.random.Generator:
-        return np.random.default_rng([self.cfg.seed, client, t, stream])
+    def _load_checkpoint(self) -> None:
+        """Rank 0 reads and checks the stored run; every rank gets the model and round."""
+        import h5py
 
-    def sample_batch(self, shard: Shard, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        ckpt = None
+        if self.comm.rank == 0:
+            with h5py.File(self.cfg.out, "r") as f:
+                stored = json.loads(f.attrs["config"])
+                current = json.loads(self.cfg.to_json())
+                diff = config_differences(stored, current)
+                if diff:
+                    raise ConfigError("resume", f"{self.cfg.out} was written with other settings: {'; '.join(diff)}")
+                if f.attrs["status"] == "complete":
+                    raise ConfigError("resume", f"{self.cfg.out} is already complete: nothing to resume")
+                if "checkpoint" not in f:
+                    raise ConfigError("resume", f"{self.cfg.out} has no checkpoint: start it again with --overwrite")
+                g = f["checkpoint"]
+                ckpt = {
+                    "w": g["w"][:],
+                    "state": {k[len("state_"):]: g[k][:] for k in g if k.startswith("state_")},
+                    **{k: g.attrs[k].item() for k in g.attrs},
+                }
+        ckpt = self.comm.bcast(ckpt, root=0)
+        self.w[:] = ckpt["w"]
+        load_flat(self.model, self.w)
+        self.topology.state.update(ckpt["state"])
+        self.start_round = int(ckpt["round"])
+        self.resumed = ckpt
+
+    def checkpoint_arrays(self) -> dict[str, np.ndarray]:
+        return {"w": self.w, **{f"state_{k}": v for k, v in self.topology.state.items()}}
+
+    def sample_batch(self, shard: Shard, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         size = min(self.cfg.batch_size, len(shard.y))
         idx = np.sort(rng.choice(len(shard.y), size, replace=False))
-        return torch.from_numpy(shard.x[idx]), torch.from_numpy(shard.y[idx])
+        return shard.x[idx], shard.y[idx]
+
+    def _backward(self, x: np.ndarray, y: np.ndarray) -> float:
+        self.model.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(self.model(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        return loss.item()
 
     def client_gradient(self, k: int, t: int, out: np.ndarray) -> float:
         """Client ``lo + k``'s update direction at round ``t`` into ``out``; returns its first batch loss.
 
         One local step: the stochastic gradient (FedSGD, the BRACE paper's setting). With
-        ``local_steps`` > 1: ``(w - w_local) / lr`` after that many SGD steps.
+        ``local_steps`` > 1: ``(w - w_local) / lr`` after that many SGD steps. A Byzantine
+        client under a data attack trains on poisoned batches, and scales its result.
         """
         client = self.layout.lo + k
         rng = self.client_rng(client, t, STREAM_BATCH)
+        poison_rng = self.client_rng(client, t, STREAM_POISON)
         shard = self.data.shards[k]
+        poisons = self.adversary.poisons(client)
         first_loss = 0.0
         for step in range(self.cfg.local_steps):
             x, y = self.sample_batch(shard, rng)
-            self.model.zero_grad(set_to_none=False)
-            loss = F.cross_entropy(self.model(x), y)
-            loss.backward()
+            if poisons:
+                x, y = self.adversary.data_attack.poison(x, y, poison_rng)
+            loss = self._backward(x, y)
             if step == 0:
-                first_loss = loss.item()
-            if self.cfg.local_steps == 1:
-                flat_grad_into(self.model, out)
-                return first_loss
-            with torch.no_grad():
-                for p in self.model.parameters():
-                    p -= self.cfg.lr * p.grad
-        out[:] = (self.w - flatten(self.model)) / np.float32(self.cfg.lr)
-        load_flat(self.model, self.w)
+                first_loss = loss
+            if self.cfg.local_steps > 1:
+                with torch.no_grad():
+                    for p in self.model.parameters():
+                        p -= self.cfg.lr * p.grad
+        if self.cfg.local_steps == 1:
+            flat_grad_into(self.model, out)
+        else:
+            out[:] = (self.w - flatten(self.model)) / np.float32(self.cfg.lr)
+            load_flat(self.model, self.w)
+        if poisons and self.adversary.data_attack.scale != 1:
+            out *= np.float32(self.adversary.data_attack.scale)
         return first_loss
 
-    def apply(self, update: Update) -> None:
-        self.w -= np.float32(self.cfg.lr) * update.vector
+    def client_rng(self, client: int, t: int, stream: int) -> np.random.Generator:
+        return np.random.default_rng([self.cfg.seed, client, t, stream])
+
+    def reference_gradient(self) -> np.ndarray | None:
+        """The server's gradient on its small clean data set (FLTrust, Zeno++), on rank 0."""
+        if not self.topology.needs_reference or self.comm.rank != 0:
+            return None
+        server = self.data.server
+        self._backward(server.x, server.y)
+        out = np.empty(self.d, np.float32)
+        flat_grad_into(self.model, out)
+        return out
+
+    def apply(self, update: np.ndarray) -> None:
+        self.w -= np.float32(self.cfg.lr) * update
         load_flat(self.model, self.w)
 
-    def evaluate(self) -> tuple[float, float] | None:
-        """Test accuracy and loss of the shared model; each rank evaluates its clients' slices."""
+    def evaluate(self) -> dict[str, float]:
+        """Test accuracy and loss of the shared model (and the backdoor's success rate)."""
         n = self.cfg.clients
-        loss_sum, correct, count = np.zeros(n), np.zeros(n), np.zeros(n)
+        stats = np.zeros((5, n))  # loss sum, correct, count, triggered hits, triggered count
+        backdoor = self.adversary.attack if isinstance(self.adversary.attack, Backdoor) else None
         with torch.no_grad():
             for k, client in enumerate(self.layout.local_clients):
                 part = self.data.test_slice(k)
                 for a in range(0, len(part.y), EVAL_BATCH):
-                    x = torch.from_numpy(part.x[a : a + EVAL_BATCH])
-                    y = torch.from_numpy(part.y[a : a + EVAL_BATCH])
+                    x, y = torch.from_numpy(part.x[a : a + EVAL_BATCH]), torch.from_numpy(part.y[a : a + EVAL_BATCH])
                     logits = self.model(x)
-                    loss_sum[client] += F.cross_entropy(logits, y, reduction="sum").item()
-                    correct[client] += (logits.argmax(1) == y).sum().item()
-                count[client] = len(part.y)
+                    stats[0, client] += F.cross_entropy(logits, y, reduction="sum").item()
+                    stats[1, client] += (logits.argmax(1) == y).sum().item()
+                    if backdoor is not None:
+                        keep = part.y[a : a + EVAL_BATCH] != backdoor.target
+                        triggered = torch.from_numpy(backdoor.stamp(part.x[a : a + EVAL_BATCH][keep]))
+                        if len(triggered):
+                            stats[3, client] += (self.model(triggered).argmax(1) == backdoor.target).sum().item()
+                        stats[4, client] += keep.sum()
+                stats[2, client] = len(part.y)
         # One entry per client, zeros elsewhere: the sums are exact whatever the rank count.
-        stats = np.stack([loss_sum, correct, count])
         self.comm.Allreduce(MPI.IN_PLACE, stats, op=MPI.SUM)
-        return stats[1].sum() / stats[2].sum(), stats[0].sum() / stats[2].sum()
+        total = stats.sum(axis=1)
+        out = {"test_accuracy": total[1] / total[2], "test_loss": total[0] / total[2]}
+        if backdoor is not None:
+            out["attack_success_rate"] = total[3] / max(total[4], 1)
+        return out
 
     def mean_batch_loss(self) -> float:
         self.comm.Allreduce(MPI.IN_PLACE, self.batch_loss, op=MPI.SUM)
@@ -138,18 +301,22 @@ class Trainer:
 
 
 def train_round(tr: Trainer, t: int) -> None:
-    """Round ``t``: every client computes its update, the topology aggregates, every replica applies it."""
+    """Round ``t``: clients compute updates, Byzantine ones attack, the topology aggregates, all apply."""
     tr.net.ledger.reset()
     tr.batch_loss[:] = 0.0
     for k, client in enumerate(tr.layout.local_clients):
         tr.batch_loss[client] = tr.client_gradient(k, t, tr.grads[k])
-    update = tr.topology.aggregate(tr.grads)
+    reference = tr.reference_gradient()  # the server's clean-data gradient, for the rules that need one
+    tr.adversary.attack_model(tr.grads, t, reference)
+    update = tr.topology.aggregate(tr.grads, t, reference)
     tr.apply(update)
 
 
 class Progress:
-    def __init__(self, total: int, quiet: bool):
-        self.total, self.quiet, self.start = total, quiet, time.perf_counter()
+    def __init__(self, total: int, quiet: bool, already: float = 0.0, first_round: int = 0):
+        self.total, self.quiet = total, quiet
+        self.start = time.perf_counter() - already
+        self.first_round, self.first_time = first_round, time.perf_counter()
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -157,11 +324,11 @@ class Progress:
     def line(self, rnd: int, acc: float, total_bytes: int) -> None:
         if self.quiet:
             return
-        el = self.elapsed()
-        eta = el / rnd * (self.total - rnd)
+        per_round = (time.perf_counter() - self.first_time) / max(rnd - self.first_round, 1)
         print(
             f"round {rnd:>{len(str(self.total))}}/{self.total}  test_acc {acc:.4f}  "
-            f"bytes_sent {total_bytes / 1e6:,.1f} MB  elapsed {_hms(el)}  ETA {_hms(eta)}",
+            f"bytes_sent {total_bytes / 1e6:,.1f} MB  elapsed {_hms(self.elapsed())}  "
+            f"ETA {_hms(per_round * (self.total - rnd))}",
             flush=True,
         )
 
@@ -172,54 +339,68 @@ def _hms(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
-def train(tr: Trainer, guard) -> int:
-    """Run a whole training job; rank 0 streams results into ``cfg.out``."""
-    cfg, comm = tr.cfg, tr.comm
-    results = None
-    if comm.rank == 0:
-        results = ResultsFile(
-            cfg.out,
-            {
-                "config": cfg.to_json(),
-                "world_size": comm.size,
-                "n_clients": cfg.clients,
-                "n_parameters": tr.d,
-            },
-            overwrite=cfg.overwrite,
-        )
+def open_results(tr: Trainer) -> ResultsFile:
+    cfg = tr.cfg
+    if cfg.resume:
+        return ResultsFile.reopen(cfg.out, tr.start_round)
+    results = ResultsFile(
+        cfg.out,
+        {"config": cfg.to_json(), "world_size": tr.comm.size, "n_clients": cfg.clients, "n_parameters": tr.d},
+        overwrite=cfg.overwrite,
+    )
+    results.write("byzantine/clients", tr.byzantine)
+    # round 0 checkpoint: a run that dies before its first checkpoint still resumes
+    results.write_checkpoint(tr.checkpoint_arrays(), {"round": 0, "bytes_sent_total": 0, "wall_seconds": 0.0})
+    return results
+
+
+def train(tr: Trainer, guard: Guard, stop: StopRequest) -> int:
+    """Run (or resume) a whole training job; rank 0 streams results into ``cfg.out``."""
+    cfg, comm, rank0 = tr.cfg, tr.comm, tr.comm.rank == 0
+    results = open_results(tr) if rank0 else None
+    if rank0:
+        results.h5.attrs["world_size"] = comm.size
         guard.on_failure.append(lambda: results.close("failed"))
-    progress = Progress(cfg.rounds, cfg.quiet or comm.rank != 0)
-    total_bytes = 0
-    for t in range(cfg.rounds):
+    progress = Progress(cfg.rounds, cfg.quiet or not rank0, tr.resumed.get("wall_seconds", 0.0), tr.start_round)
+    total_bytes = int(tr.resumed.get("bytes_sent_total", 0))
+    for t in range(tr.start_round, cfg.rounds):
         train_round(tr, t)
-        client_bytes, server_bytes = tr.net.gather_ledger()
         rnd = t + 1
-        rows = None
-        if comm.rank == 0:
+        client_bytes, server_bytes = tr.net.gather_ledger()
+        extra_metrics = tr.topology.signvote.round_metrics() if tr.topology.signvote else {}
+        rows = tr.topology.signvote.round_rows() if tr.topology.signvote else {}
+        evaluated = rnd % cfg.eval_every == 0 or rnd == cfg.rounds
+        scores = tr.evaluate() if evaluated else {}
+        train_loss = tr.mean_batch_loss() if evaluated else None
+        if rank0:
             total_bytes += int(client_bytes.sum())
-            rows = {"comm/bytes_sent": client_bytes, "comm/server_bytes_sent": np.int64(server_bytes)}
-        if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
-            acc, loss = tr.evaluate()
-            train_loss = tr.mean_batch_loss()
-            if comm.rank == 0:
+            rows = {**rows, "comm/bytes_sent": client_bytes, "comm/server_bytes_sent": np.int64(server_bytes)}
+            if tr.topology.selected is not None:
+                rows["aggregation/selected"] = tr.topology.selected
+            metrics = {}
+            if evaluated:
                 metrics = {
-                    "round": rnd,
-                    "test_accuracy": acc,
-                    "test_loss": loss,
-                    "train_loss": train_loss,
-                    "bytes_sent": int(client_bytes.sum()),
-                    "bytes_sent_total": total_bytes,
-                    "server_bytes_sent": server_bytes,
-                    "wall_seconds": progress.elapsed(),
+                    "round": rnd, **scores, "train_loss": train_loss,
+                    "bytes_sent": int(client_bytes.sum()), "bytes_sent_total": total_bytes,
+                    "server_bytes_sent": server_bytes, "wall_seconds": progress.elapsed(), **extra_metrics,
                 }
-                results.append_round(metrics, rows, rounds_completed=rnd)
-                progress.line(rnd, acc, total_bytes)
-        elif comm.rank == 0:
-            results.append_round({}, rows, rounds_completed=rnd)
-    if comm.rank == 0:
+            results.append_round(metrics, rows, rounds_completed=rnd)
+            if evaluated:
+                progress.line(rnd, scores["test_accuracy"], total_bytes)
+        stopping = stop.agreed(comm) and rnd < cfg.rounds
+        if rank0 and (rnd % cfg.checkpoint_every == 0 or stopping):
+            results.write_checkpoint(
+                tr.checkpoint_arrays(),
+                {"round": rnd, "bytes_sent_total": total_bytes, "wall_seconds": progress.elapsed()},
+            )
+        if stopping:
+            if rank0:
+                results.close("preempted")
+                print(f"stopped by signal after round {rnd}; resume with --resume (results: {cfg.out})", flush=True)
+            return EXIT_PREEMPTED
+    if rank0:
         results.write("model/final", tr.w)
         results.close("complete")
         if not cfg.quiet:
             print(f"results: {cfg.out}", file=sys.stdout, flush=True)
     return 0
-

@@ -1,0 +1,48 @@
+"""FLTrust (Cao, Fang, Liu, Gong, NDSS 2021): trust scores from a clean server gradient."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._kernels import combine, row_stats
+from .base import AggregateResult, Aggregator, register
+
+
+@register
+class FLTrust(Aggregator):
+    r"""FLTrust with the server's gradient g_0 on its small clean data set (H+ spec 3.1-6).
+
+    .. math::
+        TS_m = \mathrm{ReLU}(\cos(g_m, g_0)), \quad \bar g_m = \frac{\|g_0\|}{\|g_m\|} g_m, \quad
+        \mathrm{FLTrust} = \frac{\sum_m TS_m \bar g_m}{\sum_m TS_m}
+
+    (zero vector when every trust score is 0; zero uploads get TS = 0). The size of the
+    clean set is a setting of the training loop, which computes ``reference``.
+
+    selected: the trust scores TS_m.
+
+    Example
+    -------
+    Trust scores (0.8, 0, 1); rescaled rows (0.6, 0.8) and (0, 1):
+
+    >>> FLTrust()(np.array([[3., 4.], [-3., -4.], [0., 10.]]), reference=np.array([0., 1.]))
+    array([0.26666667, 0.91111111])
+    """
+
+    name = "fltrust"
+    needs_reference = True
+
+    def _aggregate(self, X, state, reference, rng):
+        sq, dots = row_stats(X, reference[None, :])
+        norms = np.sqrt(sq)
+        ref_norm = float(np.sqrt(np.dot(reference.astype(np.float64), reference.astype(np.float64))))
+        ok = norms > 0
+        cos = np.zeros(len(sq))
+        if ref_norm > 0:
+            cos[ok] = dots[ok, 0] / (norms[ok] * ref_norm)
+        ts = np.maximum(cos, 0.0)
+        if ts.sum() <= 0:
+            return AggregateResult(np.zeros(X.shape[1], X.dtype), ts)
+        coef = np.zeros(len(sq))
+        coef[ok] = ts[ok] * ref_norm / norms[ok]
+        return AggregateResult(combine(coef / ts.sum(), X), ts)

@@ -1,0 +1,110 @@
+"""Pre-aggregators composing in front of any rule: NNM (Allouah et al., AISTATS 2023), bucketing
+(Karimireddy, He, Jaggi, ICLR 2022) and static norm clipping."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._kernels import gram, row_stats
+from .base import PreAggregator, check_float, check_int, register_pre
+
+
+@register_pre
+class NNM(PreAggregator):
+    r"""Nearest-neighbour mixing: row i becomes the mean of its n - f nearest rows, itself included.
+
+    :math:`y_i = \frac{1}{n-f} \sum_{j \in N_i} x_j` (ByzFL ``NNM(f)``); distances from one Gram
+    pass, ties to the lower index.
+
+    Example
+    -------
+    >>> NNM(1).transform(np.array([[1., 2, 3], [4, 5, 6], [7, 8, 9]]), None)[0]
+    array([[2.5, 3.5, 4.5],
+           [2.5, 3.5, 4.5],
+           [5.5, 6.5, 7.5]])
+    """
+
+    name = "nnm"
+    needs_rng = False
+
+    def check(self, n):
+        if n - self.f < 1:
+            return f"nnm mixes n - f neighbours, needs n > f, got n={n}, f={self.f}"
+        return super().check(n)
+
+    def transform(self, X, rng):
+        n = X.shape[0]
+        D = gram(X).sqdist()
+        near = np.argsort(D, axis=1, kind="stable")[:, : n - self.f]
+        W = np.zeros((n, n), X.dtype)
+        np.put_along_axis(W, near, 1.0, axis=1)
+        Y = W @ X
+        Y /= n - self.f
+        return Y, np.arange(n)
+
+
+@register_pre
+class Bucketing(PreAggregator):
+    r"""Random bucketing: shuffle, then average consecutive buckets of s rows (the last over its
+    actual members), giving ceil(n/s) rows (ByzFL ``Bucketing(s)``).
+
+    Parameters
+    ----------
+    s : int
+        Bucket size (2).
+    """
+
+    name = "bucketing"
+    needs_rng = True
+
+    def __init__(self, f: int = 0, *, s: int = 2):
+        super().__init__(f)
+        self.s = check_int("bucketing.s", s, lo=1)
+
+    def out_rows(self, n):
+        return math.ceil(n / self.s)
+
+    def transform(self, X, rng):
+        n = X.shape[0]
+        perm = rng.permutation(n)
+        m = self.out_rows(n)
+        W = np.zeros((m, n), X.dtype)
+        owner = np.empty(n, np.int64)
+        for b in range(m):
+            members = perm[b * self.s : (b + 1) * self.s]
+            W[b, members] = 1.0
+            owner[members] = b
+        Y = W @ X
+        Y /= W.sum(axis=1, keepdims=True)
+        return Y, owner
+
+
+@register_pre
+class Clipping(PreAggregator):
+    r"""Static norm clipping: :math:`y_i = \min(1, c / \|x_i\|_2)\, x_i` (ByzFL ``Clipping(c)``).
+
+    Parameters
+    ----------
+    c : float
+        Norm bound (2.0, ByzFL's default).
+
+    Example
+    -------
+    >>> Clipping(c=5.0).transform(np.array([[3., 4.], [6., 8.]]), None)[0]
+    array([[3., 4.],
+           [3., 4.]])
+    """
+
+    name = "clipping"
+    needs_rng = False
+
+    def __init__(self, f: int = 0, *, c: float = 2.0):
+        super().__init__(f)
+        self.c = check_float("clipping.c", c, lo=0.0, lo_open=True)
+
+    def transform(self, X, rng):
+        norms = np.sqrt(row_stats(X)[0])
+        factor = np.minimum(1.0, np.divide(self.c, norms, out=np.full_like(norms, np.inf), where=norms > 0))
+        return X * factor[:, None].astype(X.dtype), np.arange(X.shape[0])

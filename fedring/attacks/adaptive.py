@@ -1,0 +1,196 @@
+"""Aggregator-aware (adaptive) attacks: one tailored to BRACE's sign consensus, one generic.
+
+Both follow Shejwalkar & Houmansadr's AGR-tailored framework (NDSS 2021): the attackers know
+the honest gradients and the defence's rule, and choose the malicious vector from the family
+μ − γ·dev to make the rule's output deviate as much as possible from what it would have been.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ConfigError
+from .base import AttackContext, ModelAttack, choice, number
+from .minmax import perturbation
+
+TARGETS = ("brace", "generic")
+DIRECTIONS = ("unit_vec", "sign", "std", "mean")
+# parameter -> (target it belongs to, default)
+_OWN = {
+    "mode": ("brace", "closed_form"), "lam": ("brace", 5.0), "budget": ("brace", 1.0),
+    "perturbation": ("generic", "unit_vec"), "evals": ("generic", 16), "start": ("generic", 0.0),
+    "delta": ("generic", 1.0), "ratio": ("generic", 0.8),
+}
+
+
+def brace_closed_form(honest: np.ndarray) -> np.ndarray:
+    r"""BRACE spec §5.7 default: :math:`\mu - 1.001\,\|\mu\|_\infty\,\operatorname{sign}(\mu)`.
+
+    The smallest vector of the inverse-sign family whose sign is −sign(μ) on every coordinate
+    with μ_k ≠ 0, so each attacker votes against the benign direction everywhere.
+    """
+    mu = honest.mean(axis=0)
+    return mu - 1.001 * np.abs(mu).max() * np.sign(mu)
+
+
+def brace_margin_flips(byz: np.ndarray, honest: np.ndarray, lam: float, budget: float) -> np.ndarray:
+    r"""Coordinates the attackers flip against BRACE, smallest honest vote margin first.
+
+    With :math:`S_{\mathcal H} = \sum_{i\in\mathcal H}\operatorname{sign}(g_i)`, t = sign(μ) and the
+    consensus +1 iff S > λ, the b attackers' votes add anything in [−b, b] to S_𝓗 (their honest
+    votes move by at most 2b). A coordinate is *gainable* if the round would give t without the
+    attack (attackers voting their own signs) and gives −t when all b vote −t. The honest margin
+    :math:`t_k (S_{\mathcal H,k} - \lambda)` orders them; the first ⌈budget·#gainable⌉ are returned.
+    """
+    b = byz.shape[0]
+    s_honest = np.sign(honest).sum(axis=0)
+    t = np.sign(honest.mean(axis=0))
+    no_attack = np.where(s_honest + np.sign(byz).sum(axis=0) > lam, 1.0, -1.0)
+    attacked = np.where(s_honest - b * t > lam, 1.0, -1.0)
+    gainable = np.flatnonzero((t != 0) & (no_attack == t) & (attacked != t))
+    margin = t[gainable] * (s_honest[gainable] - lam)
+    order = gainable[np.argsort(margin, kind="stable")]
+    return order[: math.ceil(budget * len(order))]
+
+
+def line_maximize(objective: Callable[[float], float], evals: int = 16, start: float = 0.0,
+                  delta: float = 1.0, ratio: float = 0.8) -> float:
+    """Best-effort argmax over γ >= 0 by exploration (ByzFL's ``LineMaximize``).
+
+    Expansion: step right with a doubling step while the objective improves; then contraction:
+    step towards the last proposal with the step shrunk by ``ratio`` each time, never below 0.
+    Uses exactly ``evals`` evaluations.
+    """
+    best_x, best_y = start, objective(start)
+    prop_x, evals = best_x, evals - 1
+    while evals > 0:
+        prop_x = best_x + delta
+        prop_y = objective(prop_x)
+        evals -= 1
+        if prop_y > best_y:
+            best_x, best_y = prop_x, prop_y
+            delta *= 2
+        else:
+            delta *= ratio
+            break
+    while evals > 0:
+        if prop_x < best_x:
+            prop_x += delta
+        else:
+            x = prop_x - delta
+            while x < 0 < prop_x:
+                x = (x + prop_x) / 2
+            prop_x = max(x, 0.0)
+        prop_y = objective(prop_x)
+        evals -= 1
+        if prop_y > best_y:
+            best_x, best_y = prop_x, prop_y
+        delta *= ratio
+    return best_x
+
+
+def direction(honest: np.ndarray, kind: str) -> np.ndarray:
+    """dev for the family μ − γ·dev: Min-Max's μ/‖μ‖, sign(μ), std (ddof 1), or μ itself (ByzFL's FoE)."""
+    return honest.mean(axis=0) if kind == "mean" else perturbation(honest, kind)
+
+
+class Adaptive(ModelAttack):
+    r"""An attack that knows the defence.
+
+    ``target="brace"`` (BRACE spec §5.7; the BRACE paper's "Adaptive" column):
+
+    * ``mode="closed_form"`` (default): every attacker sends
+      :math:`\mu - 1.001\|\mu\|_\infty\operatorname{sign}(\mu)` (:func:`brace_closed_form`), which
+      maximises the number of coordinates where BRACE's output differs from sign(μ); the same
+      real-valued vector is what non-sign defences receive.
+    * ``mode="margin"``: the attackers keep their own gradients except on the coordinates
+      :func:`brace_margin_flips` selects (those whose consensus their votes can turn, smallest
+      honest margin first, a fraction ``budget`` of them), where they send −μ_k. With budget 1
+      BRACE's output is the closed form's; a smaller budget changes fewer coordinates.
+      Needs BRACE's threshold ``lam`` (sign(0) = 0 assumed, BRACE's default).
+
+    ``target="generic"``: every attacker sends :math:`\mu - \gamma^*\,\text{dev}` with
+
+    .. math:: \gamma^* = \arg\max_{\gamma\ge0}\ \big\|\mathrm{AGR}(\tilde g(\gamma)^{\times b},\ g_{\mathcal H})
+              - \mathrm{AGR}(g_{\mathcal B},\ g_{\mathcal H})\big\|_2
+
+    i.e. the deviation of the defence's output (``ctx.aggregator``, attackers' rows first) from
+    its output had the attackers sent their honest gradients, found by ByzFL's line search
+    (:func:`line_maximize`; ByzFL's ``Optimal_ALIE`` / ``Optimal_FOE`` use the same search, and
+    ``perturbation="mean"`` is exactly Optimal_FOE's family).
+
+    Parameters
+    ----------
+    target : {"brace", "generic"}, default "brace"
+    mode : {"closed_form", "margin"}, default "closed_form"  (brace)
+    lam : float, default 5  (brace, margin mode: BRACE's λ)
+    budget : float in (0, 1], default 1  (brace, margin mode)
+    perturbation : {"unit_vec", "sign", "std", "mean"}, default "unit_vec"  (generic)
+    evals : int >= 1, default 16; start : float >= 0, default 0; delta : float > 0, default 1;
+    ratio : float in (0.5, 1), default 0.8  (generic: ByzFL's LineMaximize settings)
+
+    A parameter of the other target is refused.
+
+    References
+    ----------
+    Shejwalkar & Houmansadr, NDSS 2021 (AGR-tailored attacks); BRACE paper §5 and spec §5.7;
+    ByzFL ``byzfl/attacks/attack_optimizers.py`` (``LineMaximize``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedring.attacks.adaptive import brace_closed_form
+    >>> brace_closed_form(np.array([[1., -2., 0.], [3., -2., 0.]]))
+    array([-0.002,  0.002,  0.   ])
+    """
+
+    name = "adaptive"
+    knowledge = "omniscient"
+
+    def __init__(self, target: str = "brace", **params):
+        self.target = choice("target", target, TARGETS)
+        for key, value in params.items():
+            if key not in _OWN:
+                raise ConfigError(f"attack.{key}", f"not a parameter of attack adaptive; allowed: "
+                                  f"target, {', '.join(_OWN)}")
+            if _OWN[key][0] != target:
+                raise ConfigError(f"attack.{key}", f"applies to attack.target={_OWN[key][0]!r}, not {target!r}")
+        get = lambda key: params.get(key, _OWN[key][1])  # noqa: E731
+        if target == "brace":
+            self.mode = choice("mode", get("mode"), ("closed_form", "margin"))
+            self.lam = number("lam", get("lam"))
+            self.budget = number("budget", get("budget"), low=0.0, low_open=True, high=1.0)
+            if self.mode == "closed_form" and ("lam" in params or "budget" in params):
+                raise ConfigError("attack.mode", "lam and budget apply to mode 'margin' only")
+        else:
+            self.perturbation = choice("perturbation", get("perturbation"), DIRECTIONS)
+            self.evals = number("evals", get("evals"), low=1, integer=True)
+            self.start = number("start", get("start"), low=0.0)
+            self.delta = number("delta", get("delta"), low=0.0, low_open=True)
+            self.ratio = number("ratio", get("ratio"), low=0.5, low_open=True, high=1.0)
+            if self.ratio == 1.0:
+                raise ConfigError("attack.ratio", "must be < 1")
+
+    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+        if self.target == "brace":
+            if self.mode == "closed_form":
+                return np.broadcast_to(brace_closed_form(honest), byz.shape)
+            out = byz.copy()
+            flip = brace_margin_flips(byz, honest, self.lam, self.budget)
+            out[:, flip] = -honest.mean(axis=0)[flip]
+            return out
+        if ctx.aggregator is None:
+            raise ConfigError("attack.target", "'generic' needs the defence's aggregation rule, and none was given")
+        mu, dev = honest.mean(axis=0), direction(honest, self.perturbation)
+        b = byz.shape[0]
+        reference = np.asarray(ctx.aggregator(np.vstack([byz, honest])), dtype=np.float64)
+
+        def deviation(gamma: float) -> float:
+            rows = np.vstack([np.broadcast_to(mu - gamma * dev, (b, mu.size)), honest])
+            return float(np.linalg.norm(np.asarray(ctx.aggregator(rows), dtype=np.float64) - reference))
+
+        gamma = line_maximize(deviation, self.evals, self.start, self.delta, self.ratio)
+        return np.broadcast_to(mu - gamma * dev, byz.shape)

@@ -1,0 +1,111 @@
+"""Pixel-pattern backdoor with model replacement (Bagdasaryan et al., AISTATS 2020), and its
+success rate. Trigger, target and scaling follow the Fang-lineage FedSGD form (BRACE spec §5.6).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError
+from .base import DataAttack, number
+
+# (row, col) offsets from the bottom-right corner: on 28 x 28 images these are FLDetector's
+# Fashion-MNIST pixels (26, 26), (24, 26), (26, 24), (25, 25), a small "x".
+TRIGGER_OFFSETS = ((2, 2), (4, 2), (2, 4), (3, 3))
+TRIGGER_FEATURES = 4
+
+
+class Backdoor(DataAttack):
+    r"""Stamp a trigger on part of each Byzantine batch, relabel it to a target, scale the gradient.
+
+    For each Byzantine client's training batch, ``round(fraction * N)`` samples chosen by the
+    context's generator get the trigger and label ``target``; the rest stay clean. The gradient
+    computed on that batch is multiplied by ``scale`` (model replacement; default n, the number
+    of clients, as FLDetector's ``scaling_attack``). Scaling does not matter to sign-based rules
+    (BRACE, signSGD, RLR).
+
+    Trigger (:meth:`stamp`): on images ``(N, ..., H, W)`` the pixels (H−2, W−2), (H−4, W−2),
+    (H−2, W−4), (H−3, W−3) of every channel are set to ``value`` (1.0 = maximum intensity in
+    [0, 1]; on 28 x 28 Fashion-MNIST these are exactly (26,26), (24,26), (26,24), (25,25));
+    on feature vectors ``(N, p)`` the last 4 features are set to ``value``.
+
+    Parameters
+    ----------
+    target : int >= 0, default 0
+    fraction : float in (0, 1], default 0.5
+    scale : float > 0 or None, default None (= number of clients)
+    value : float, default 1.0
+
+    References
+    ----------
+    E. Bagdasaryan, A. Veit, Y. Hua, D. Estrin, V. Shmatikov, "How To Backdoor Federated
+    Learning", AISTATS 2020; trigger, target 0, half batch, scale n: FLDetector
+    (``train_mnist.py``, ``train_cifar.py``, ``byzantine.py``), BRACE spec §5.6.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedring.attacks import Backdoor
+    >>> Backdoor(scale=1).stamp(np.zeros((1, 1, 5, 5)))[0, 0]
+    array([[0., 0., 0., 0., 0.],
+           [0., 0., 0., 1., 0.],
+           [0., 0., 1., 0., 0.],
+           [0., 1., 0., 1., 0.],
+           [0., 0., 0., 0., 0.]])
+    """
+
+    name = "backdoor"
+
+    def __init__(self, target: int = 0, fraction: float = 0.5, scale: float | None = None,
+                 value: float = 1.0, *, n_clients: int | None = None):
+        self.target = number("target", target, low=0, integer=True)
+        self.fraction = number("fraction", fraction, low=0.0, low_open=True, high=1.0)
+        self.value = number("value", value)
+        if scale is None:
+            if n_clients is None:
+                raise ConfigError("attack.scale", "give attack.scale, or build the attack with the number of clients")
+            scale = n_clients
+        self.scale = number("scale", scale, low=0.0, low_open=True)
+
+    def stamp(self, x: np.ndarray) -> np.ndarray:
+        """A triggered copy of ``x`` (images ``(N, ..., H, W)`` or feature vectors ``(N, p)``)."""
+        out = np.array(x, copy=True)
+        if out.ndim >= 3 and out.shape[-2] >= 4 and out.shape[-1] >= 4:
+            h, w = out.shape[-2:]
+            for dr, dc in TRIGGER_OFFSETS:
+                out[..., h - dr, w - dc] = self.value
+        elif out.ndim == 2 and out.shape[1] >= TRIGGER_FEATURES:
+            out[:, -TRIGGER_FEATURES:] = self.value
+        else:
+            raise ValueError(f"attack backdoor: cannot stamp a trigger on samples of shape {out.shape[1:]} "
+                             f"(need images at least 4 x 4 or at least {TRIGGER_FEATURES} features)")
+        return out
+
+    def poison(self, x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the batch with a random ``fraction`` of it triggered and relabelled."""
+        n = len(y)
+        k = min(n, int(np.floor(self.fraction * n + 0.5)))
+        chosen = np.sort(rng.choice(n, size=k, replace=False))
+        x, y = np.array(x, copy=True), np.array(y, copy=True)
+        x[chosen] = self.stamp(x[chosen])
+        y[chosen] = self.target
+        return x, y
+
+
+def attack_success_rate(pred_on_triggered: np.ndarray, y_true: np.ndarray, target: int) -> float:
+    """Share of triggered test samples whose true label is not ``target`` that are classified as it.
+
+    Samples of the target class are left out (FLDetector's ``evaluate_backdoor``). NaN if none
+    is left.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> attack_success_rate(np.array([0, 0, 1, 0]), np.array([0, 2, 2, 3]), target=0)
+    0.6666666666666666
+    """
+    pred, y_true = np.asarray(pred_on_triggered), np.asarray(y_true)
+    if pred.shape != y_true.shape:
+        raise ValueError(f"predictions {pred.shape} and labels {y_true.shape} differ in shape")
+    keep = y_true != target
+    return float(np.mean(pred[keep] == target)) if keep.any() else float("nan")

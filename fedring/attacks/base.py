@@ -1,0 +1,162 @@
+"""The attack interface: the context an attack sees, the two attack kinds, parameter checks.
+
+An attack is a small stateless callable, as in ByzFL. A *model* attack replaces the gradients
+of the Byzantine clients after they computed them honestly on their own data; a *data* attack
+changes the training batch of each Byzantine client before it computes its gradient.
+
+What an attack may know is part of its definition (``knowledge``):
+
+* ``"own"``: each attacker its own data and gradient only;
+* ``"collusion"``: every Byzantine client's pre-attack gradient;
+* ``"omniscient"``: the honest clients' gradients of the round too.
+
+The caller passes honest gradients only to omniscient attacks, and :meth:`ModelAttack.__call__`
+drops them otherwise, so an attack cannot use more than it declares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+
+from ..errors import ConfigError
+
+@dataclass
+class AttackContext:
+    """What the attackers know about the round besides the gradients.
+
+    Attributes
+    ----------
+    rng : numpy.random.Generator
+        Seeded per (run seed, round); every random draw of an attack comes from it.
+    n : int
+        Total number of clients.
+    f : int
+        Declared number of Byzantine clients (what the defence is told); the actual number is
+        the number of rows of ``byz``.
+    lr : float
+        Learning rate of the run (the update is ``w <- w - lr * aggregate``).
+    round : int
+        Round index.
+    aggregator : callable or None
+        The defence's rule ``(n, d) -> (d,)``, for aggregator-aware attacks.
+    aggregator_name : str
+        Its name, for messages.
+    """
+
+    rng: np.random.Generator
+    n: int
+    f: int
+    lr: float
+    round: int
+    aggregator: Callable[[np.ndarray], np.ndarray] | None
+    aggregator_name: str = ""
+
+
+class ModelAttack:
+    """Base of the model-poisoning attacks.
+
+    Subclasses implement :meth:`craft` on float64 arrays; :meth:`__call__` checks the inputs,
+    hides the honest gradients from non-omniscient attacks and returns the rows in the dtype of
+    ``byz``. ``knowledge`` is a class default that an instance may narrow or widen when a
+    parameter changes what the attack uses (e.g. Fang's full vs partial knowledge).
+    """
+
+    name: ClassVar[str]
+    kind: ClassVar[str] = "model"
+    knowledge: str = "own"
+
+    def __call__(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+        """Malicious gradients.
+
+        Parameters
+        ----------
+        byz : ndarray, shape (b, d)
+            Gradients the Byzantine clients computed honestly on their own data.
+        honest : ndarray, shape (h, d), or None
+            Honest gradients of the round; used only when ``knowledge == "omniscient"``.
+        ctx : AttackContext
+
+        Returns
+        -------
+        ndarray, shape (b, d), dtype of ``byz``
+        """
+        byz = np.asarray(byz)
+        if byz.ndim != 2 or byz.shape[0] < 1 or not np.issubdtype(byz.dtype, np.floating):
+            raise ValueError(f"attack {self.name}: byz must be a float (b, d) array with b >= 1, got "
+                             f"{byz.dtype} {byz.shape}")
+        if self.knowledge == "omniscient":
+            if honest is None:
+                raise ValueError(f"attack {self.name} is omniscient: it needs the honest gradients")
+            honest = np.asarray(honest)
+            if honest.ndim != 2 or honest.shape[1] != byz.shape[1] or honest.shape[0] < 1:
+                raise ValueError(f"attack {self.name}: honest must be (h, {byz.shape[1]}) with h >= 1, "
+                                 f"got {honest.shape}")
+            honest = honest.astype(np.float64, copy=False)
+        else:
+            honest = None
+        self.check(ctx.n, byz.shape[0], ctx.f)
+        out = self.craft(byz.astype(np.float64, copy=False), honest, ctx)
+        return np.array(out, dtype=byz.dtype)  # a fresh writable (b, d) array, never a view
+
+    def check(self, n: int, b: int, f: int | None = None) -> None:
+        """Raise :class:`ConfigError` if the attack is undefined for n clients, b of them Byzantine,
+        f declared to the defence (default b).
+
+        Called by :meth:`__call__`; the caller may call it once before training starts so a bad
+        setting fails before any work.
+        """
+
+    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+        raise NotImplementedError
+
+
+class DataAttack:
+    """Base of the data-poisoning attacks: they change the Byzantine clients' batches.
+
+    ``scale`` multiplies the gradient the client then computes (1 unless the attack replaces
+    the model, as the backdoor does).
+    """
+
+    name: ClassVar[str]
+    kind: ClassVar[str] = "data"
+    knowledge: ClassVar[str] = "own"
+    scale: float = 1.0
+
+    def poison(self, x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+
+# -- parameter checks: each raises ConfigError("attack.<key>", ...) --------------------------
+
+def number(key: str, value: Any, *, low: float | None = None, high: float | None = None,
+           low_open: bool = False, integer: bool = False) -> float | int:
+    """A real (or integer) setting within bounds; bools and strings are refused."""
+    ok_type = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if integer:
+        ok_type = ok_type and float(value).is_integer()
+    if not ok_type or not math.isfinite(float(value)):
+        raise ConfigError(f"attack.{key}", f"expected a finite {'integer' if integer else 'number'}, got {value!r}")
+    v = int(value) if integer else float(value)
+    if low is not None and (v <= low if low_open else v < low):
+        raise ConfigError(f"attack.{key}", f"must be {'>' if low_open else '>='} {low}, got {value!r}")
+    if high is not None and v > high:
+        raise ConfigError(f"attack.{key}", f"must be <= {high}, got {value!r}")
+    return v
+
+
+def choice(key: str, value: Any, allowed: tuple) -> Any:
+    if value not in allowed:
+        raise ConfigError(f"attack.{key}", f"{value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
+    return value
+
+
+def std(rows: np.ndarray, ddof: int, who: str) -> np.ndarray:
+    """Coordinate-wise standard deviation; needs more rows than ``ddof``."""
+    if rows.shape[0] <= ddof:
+        raise ValueError(f"{who}: a standard deviation with ddof={ddof} needs at least {ddof + 1} rows, "
+                         f"got {rows.shape[0]}")
+    return rows.std(axis=0, ddof=ddof)

@@ -1,0 +1,101 @@
+"""Rescalings of a reference gradient: sign flipping and scaling."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError
+from .base import AttackContext, ModelAttack, choice, number
+
+SOURCES = ("own", "mean", "sum")
+
+
+def _reference(source: str, byz: np.ndarray, honest: np.ndarray | None) -> np.ndarray:
+    if source == "own":
+        return byz
+    ref = honest.mean(axis=0) if source == "mean" else honest.sum(axis=0)
+    return np.broadcast_to(ref, byz.shape)
+
+
+class SignFlip(ModelAttack):
+    r"""Send the negated, scaled reference gradient.
+
+    .. math:: \tilde g_j = -\,s \cdot r_j, \qquad r_j = \begin{cases}
+        g_j & \text{source = own (each attacker its own gradient)}\\
+        \frac1h\sum_{i\in\mathcal H} g_i & \text{source = mean}\\
+        \sum_{i\in\mathcal H} g_i & \text{source = sum}\end{cases}
+
+    ``own`` is the classic reversed-gradient attack (knowledge ``own``); ``mean`` is ByzFL's
+    ``SignFlipping``; ``source=sum, scale=3`` is the H+ paper's sign-flip attack (Appendix D:
+    ``-3 * sum of honest uploads``). ``mean`` and ``sum`` are omniscient.
+
+    Parameters
+    ----------
+    source : {"own", "mean", "sum"}, default "own"
+    scale : float > 0, default 1
+
+    References
+    ----------
+    Z. Allen-Zhu, F. Ebrahimianghazani, J. Li, D. Alistarh, "Byzantine-Resilient Non-Convex
+    Stochastic Gradient Descent", ICLR 2021; H+ paper, Appendix D.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedring.attacks import SignFlip
+    >>> SignFlip(source="sum", scale=3).craft(np.zeros((1, 2)), np.array([[1., 2.], [3., -4.]]), None)
+    array([[-12.,   6.]])
+    """
+
+    name = "signflip"
+
+    def __init__(self, source: str = "own", scale: float = 1.0):
+        self.source = choice("source", source, SOURCES)
+        self.scale = number("scale", scale, low=0.0, low_open=True)
+        self.knowledge = "own" if source == "own" else "omniscient"
+
+    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+        return -self.scale * _reference(self.source, byz, honest)
+
+
+class Scaling(ModelAttack):
+    r"""Send the reference gradient multiplied by a large factor.
+
+    .. math:: \tilde g_j = \varepsilon \cdot \mu_{\mathcal H} \quad\text{(source = mean, FedSECA eq. 19)}
+        \qquad\text{or}\qquad \tilde g_j = \varepsilon \cdot g_j \quad\text{(source = own)}
+
+    FedSECA (Supp. D.6, eq. 19) defines Scaling on the honest mean with ε = 10, which makes
+    the update explode in the honest direction. ``source=own`` scales each attacker's own
+    gradient (model-replacement style, as FLDetector's ``scaling_attack`` does with ε = n);
+    that variant needs no knowledge of other clients.
+
+    Parameters
+    ----------
+    factor : float, default 10
+        ε; must be non-zero (a negative factor on the mean is IPM).
+    source : {"mean", "own", "sum"}, default "mean"
+
+    References
+    ----------
+    FedSECA paper, Supp. D.6, eq. (19).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedring.attacks import Scaling
+    >>> Scaling().craft(np.zeros((2, 2)), np.array([[1., 2.], [3., -4.]]), None)
+    array([[ 20., -10.],
+           [ 20., -10.]])
+    """
+
+    name = "scaling"
+
+    def __init__(self, factor: float = 10.0, source: str = "mean"):
+        self.factor = number("factor", factor)
+        if self.factor == 0:
+            raise ConfigError("attack.factor", "must be non-zero")
+        self.source = choice("source", source, SOURCES)
+        self.knowledge = "own" if source == "own" else "omniscient"
+
+    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+        return self.factor * _reference(self.source, byz, honest)

@@ -1,0 +1,46 @@
+"""Gaussian noise attack (Blanchard et al., NeurIPS 2017)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import AttackContext, ModelAttack, number
+
+
+class Gaussian(ModelAttack):
+    r"""Every Byzantine client sends pure Gaussian noise.
+
+    .. math:: \tilde g_j \sim \mathcal N(\text{mean}\cdot\mathbf 1,\ \sigma^2 I_d),
+
+    drawn fresh per client and per round from the context's generator.
+
+    Parameters
+    ----------
+    sigma : float, default 200
+        Standard deviation (not variance). 200 is the Fang/Zeno-lineage value the BRACE spec
+        uses (§5.2); the H+ paper's "N(0, 90)" is ``sigma = sqrt(90)`` if 90 is a variance.
+    mean : float, default 0
+
+    References
+    ----------
+    P. Blanchard, E. M. El Mhamdi, R. Guerraoui, J. Stainer, "Machine Learning with
+    Adversaries: Byzantine Tolerant Gradient Descent", NeurIPS 2017.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedring.attacks import AttackContext, Gaussian
+    >>> ctx = AttackContext(np.random.default_rng(0), n=4, f=1, lr=0.1, round=0, aggregator=None)
+    >>> Gaussian(sigma=2.0)(np.zeros((1, 3)), None, ctx).round(4)
+    array([[ 0.2515, -0.2642,  1.2808]])
+    """
+
+    name = "gaussian"
+    knowledge = "own"
+
+    def __init__(self, sigma: float = 200.0, mean: float = 0.0):
+        self.sigma = number("sigma", sigma, low=0.0, low_open=True)
+        self.mean = number("mean", mean)
+
+    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+        return ctx.rng.normal(self.mean, self.sigma, size=byz.shape)

@@ -1,0 +1,89 @@
+"""IDX reading, partitions, and the missing-data message."""
+
+import gzip
+
+import numpy as np
+import pytest
+
+from fedring.data import FMNIST_FILES, FederatedData, _checked, fmnist_dir, partition, partition_fang, read_idx
+from fedring.errors import ConfigError
+
+
+def write_idx(path, array):
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(s).to_bytes(4, "big") for s in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.fixture
+def tiny_fmnist(tmp_path):
+    rng = np.random.default_rng(0)
+    train = rng.integers(0, 256, (300, 28, 28))
+    test = rng.integers(0, 256, (50, 28, 28))
+    write_idx(tmp_path / FMNIST_FILES["train_images"], train)
+    write_idx(tmp_path / FMNIST_FILES["train_labels"], np.arange(300) % 10)
+    write_idx(tmp_path / FMNIST_FILES["test_images"], test)
+    write_idx(tmp_path / FMNIST_FILES["test_labels"], np.arange(50) % 10)
+    return tmp_path, train, test
+
+
+def test_read_idx_rows_streamed(tiny_fmnist):
+    root, train, _ = tiny_fmnist
+    rows = np.array([0, 5, 299])
+    got = read_idx(root / FMNIST_FILES["train_images"], rows, block=7)
+    np.testing.assert_array_equal(got, train[rows])
+    np.testing.assert_array_equal(read_idx(root / FMNIST_FILES["train_images"]), train)
+
+
+def test_clients_get_their_partition_only(tiny_fmnist):
+    root, train, test = tiny_fmnist
+    labels = np.arange(300) % 10
+    parts = partition(labels, 6, "fang", 0.5, seed=1)
+    data = FederatedData("fashion-mnist", str(root), 6, range(2, 4), "fang", 0.5, seed=1)
+    for k, c in enumerate(range(2, 4)):
+        np.testing.assert_array_equal(data.shards[k].y, labels[parts[c]])
+        np.testing.assert_allclose(data.shards[k].x[:, 0], train[parts[c]] / 255.0, rtol=1e-6)
+    # 50 test samples over 6 clients: slices of 9, 9, 8, 8, 8, 8; clients 2 and 3 get [18, 34)
+    np.testing.assert_array_equal(data.test.y, (np.arange(50) % 10)[18:34])
+
+
+@pytest.mark.parametrize("kind,x", [("iid", 0), ("fang", 0.5), ("fang", 0.1), ("dirichlet", 0.5)])
+def test_partition_assigns_every_sample_once(kind, x):
+    labels = np.random.default_rng(3).integers(0, 10, 6000)
+    parts = partition(labels, 20, kind, x, seed=2)
+    allidx = np.concatenate(parts)
+    assert len(parts) == 20 and sorted(allidx.tolist()) == list(range(6000))
+    again = partition(labels, 20, kind, x, seed=2)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+
+
+def test_fang_own_label_fraction_is_q():
+    """BRACE spec P13: with q = 0.5 and balanced labels a group's own-label share is about q.
+
+    60k samples: the share is a binomial mean with sd about 0.002 per group; the bound 0.02
+    is over 9 sd (false-alarm rate far below 1e-9).
+    """
+    labels = np.repeat(np.arange(10), 6000)
+    n, q = 100, 0.5
+    rng = np.random.default_rng([0, 0x9A27])
+    parts = partition_fang(labels, n, q, rng)
+    # undo the final client permutation to recover groups: draw it again the same way
+    rng = np.random.default_rng([0, 0x9A27])
+    rng.random(len(labels)), rng.random(len(labels))
+    perm = rng.permutation(n)
+    group_of = np.empty(n, int)
+    group_of[np.arange(n)] = perm // 10  # parts[i] is original client perm[i], in group perm[i] // 10
+    for g in range(10):
+        idx = np.concatenate([parts[i] for i in range(n) if group_of[i] == g])
+        assert abs(np.mean(labels[idx] == g) - q) < 0.02
+
+
+def test_missing_data_says_how_to_get_it(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        fmnist_dir(str(tmp_path))
+    assert "apt-get install -y dataset-fashion-mnist" in str(e.value) and e.value.key == "data_dir"
+
+
+def test_empty_client_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"client\(s\) \[1\] received no training samples"):
+        _checked([np.arange(3), np.array([], int)])

@@ -1,0 +1,133 @@
+"""Resume: a run interrupted at any point and resumed ends bit-identical to an uninterrupted one."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import MPIEXEC, ROOT, fedring, mpi_env, run_mpi
+
+RUN = ["--dataset", "synthetic", "--clients", "4", "--rounds", "7", "--eval-every", "2",
+       "--checkpoint-every", "2", "--quiet"]
+
+
+def snapshot(path):
+    with h5py.File(path, "r") as f:
+        return {
+            "status": f.attrs["status"],
+            "rounds": int(f.attrs["rounds_completed"]),
+            "model": f["model/final"][:].tobytes() if "model/final" in f else None,
+            **{f"metrics/{k}": v[:].tobytes() for k, v in f.get("metrics", {}).items() if k != "wall_seconds"},
+            "comm": f["comm/bytes_sent"][:].tobytes(),
+        }
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "ref.h5"
+    fedring(2, *RUN, "--out", str(out))
+    return snapshot(out)
+
+
+CRASH = """
+import sys
+import fedring.training as training
+original = training.train_round
+def train_round(tr, t):
+    if t == int(sys.argv[1]):
+        raise RuntimeError("injected failure on purpose")
+    return original(tr, t)
+training.train_round = train_round
+from fedring.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("crash_round", [1, 6])
+def test_resume_after_crash_is_bit_exact(tmp_path, reference, crash_round):
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH)
+    out = tmp_path / "run.h5"
+    proc = run_mpi(2, [str(script), str(crash_round), *RUN, "--out", str(out)], check=False)
+    assert proc.returncode != 0
+    assert snapshot(out)["status"] == "failed"
+    fedring(2, *RUN, "--out", str(out), "--resume")
+    assert snapshot(out) == reference
+
+
+def test_resume_on_other_rank_count_is_bit_exact(tmp_path, reference):
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH)
+    out = tmp_path / "run.h5"
+    run_mpi(2, [str(script), "4", *RUN, "--out", str(out)], check=False)
+    fedring(4, *RUN, "--out", str(out), "--resume")
+    assert snapshot(out) == reference
+
+
+def wait_for_round(proc, rnd, timeout=60):
+    """Read the progress lines until round ``rnd`` is reported."""
+    deadline = time.time() + timeout
+    for line in proc.stdout:
+        if line.startswith("round") and int(line.split()[1].split("/")[0]) >= rnd:
+            return
+        assert time.time() < deadline, "the run did not reach the round in time"
+    raise AssertionError(f"the run ended before round {rnd}")
+
+
+def test_signal_checkpoints_and_exits_75_then_resumes(tmp_path, reference):
+    if MPIEXEC is None:
+        pytest.skip("mpiexec not found")
+    out = tmp_path / "run.h5"
+    slow = [*RUN[:5], "400", *RUN[6:-1]]  # many rounds, so the signal lands mid-run; progress lines on
+    proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "fedring", *slow, "--out", str(out)],
+                            env=mpi_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_round(proc, 4)
+    proc.send_signal(signal.SIGUSR1)  # mpiexec forwards it to the ranks
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 75, stderr
+    stopped = snapshot(out)
+    assert stopped["status"] == "preempted" and 3 <= stopped["rounds"] < 400
+    with h5py.File(out) as f:
+        assert f["checkpoint"].attrs["round"] == stopped["rounds"]
+    fedring(2, *slow, "--out", str(out), "--resume")
+    finished = snapshot(out)
+    assert finished["status"] == "complete" and finished["rounds"] == 400
+
+
+def test_kill_9_then_resume_from_last_checkpoint(tmp_path, reference):
+    if MPIEXEC is None:
+        pytest.skip("mpiexec not found")
+    out = tmp_path / "run.h5"
+    proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "fedring", *RUN[:-1], "--out", str(out)],
+                            env=mpi_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+    wait_for_round(proc, 4)
+    # SIGKILL to the launcher and every rank (the ranks carry the output path on their command line)
+    subprocess.run(["pkill", "-KILL", "-f", str(out)], check=False)
+    proc.wait(timeout=30)
+    deadline = time.time() + 30
+    while True:  # the killed ranks' file locks go with their last file descriptors
+        try:
+            h5py.File(out, "r").close()
+            break
+        except BlockingIOError:
+            assert time.time() < deadline, "ranks survived SIGKILL"
+            time.sleep(0.2)
+    assert snapshot(out)["status"] == "running"  # killed: nobody could mark it
+    fedring(2, *RUN, "--out", str(out), "--resume")
+    assert snapshot(out) == reference
+
+
+def test_resume_refuses_other_settings(tmp_path):
+    out = tmp_path / "run.h5"
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH)
+    run_mpi(1, [str(script), "3", *RUN, "--out", str(out)], check=False)
+    proc = fedring(1, *RUN, "--lr", "0.5", "--out", str(out), "--resume", check=False)
+    assert proc.returncode == 2
+    assert "resume:" in proc.stderr and "lr: 0.1 -> 0.5" in proc.stderr
