@@ -61,7 +61,8 @@ class Config:
         return dict(self.sections.get(name, {}))
 
     def default_out(self) -> str:
-        return f"results/{self.topology}-{self.aggregator}-{self.dataset}-n{self.clients}-seed{self.seed}.h5"
+        attack = "" if self.attack == "none" else f"-{self.attack}"
+        return f"results/{self.topology}-{self.aggregator}{attack}-{self.dataset}-n{self.clients}-seed{self.seed}.h5"
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "sections"}
