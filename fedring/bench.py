@@ -1,6 +1,6 @@
 """``python -m fedring bench comm``: the ring all-reduce against MPI's native Allreduce.
 
-All run in the same job, alternating per size, one client per rank: MPI's native
+All run in the same job, interleaved run by run, one client per rank: MPI's native
 Allreduce, the float32 ring, and the sign-voting rings of :mod:`fedring.brace` (``brace``,
 ``signsgd``, ``rlr``: quantization, int8 Share-Reduce, consensus, packed Share-Only) on the
 same float32 vectors. Reports, per (implementation, size), the median time of the repeats
@@ -24,16 +24,23 @@ from .comm import Layout, Network
 from .ring import ring_allreduce
 
 
-def _time(fn: Callable[[], None], prepare: Callable[[], None], repeats: int, comm: MPI.Comm) -> float:
-    samples = []
+def _time(impls: dict[str, tuple[Callable, Callable, Callable]], repeats: int, comm: MPI.Comm) -> dict[str, tuple]:
+    """name -> (median seconds, bytes this rank sent in one run).
+
+    The repeats are interleaved (one run of each implementation in turn), so a change in the
+    machine's load hits every implementation alike.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in impls}
+    sent_bytes = {}
     for _ in range(repeats):
-        prepare()
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-        samples.append(dt)
-    return float(np.median(samples))
+        for name, (prepare, fn, sent) in impls.items():
+            prepare()
+            comm.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+            sent_bytes[name] = sent()
+    return {name: (float(np.median(samples[name])), sent_bytes[name]) for name in impls}
 
 
 def comm_impls(net: Network, comm: MPI.Comm, d: int) -> dict[str, tuple[Callable, Callable, Callable]]:
@@ -74,11 +81,10 @@ def main(argv: list[str]) -> int:
     for e in range(args.min_exp, args.max_exp + 1):
         d = 2**e
         impls = comm_impls(net, comm, d)
+        repeats = args.repeats if d < 2**22 else max(3, args.repeats // 2)
         ring_sent = None
-        for name, (prepare, run, sent) in impls.items():
-            repeats = args.repeats if d < 2**22 else max(3, args.repeats // 2)
-            seconds = _time(run, prepare, repeats, comm)
-            sent_bytes = comm.allreduce(sent(), op=MPI.MAX)
+        for name, (seconds, sent) in _time(impls, repeats, comm).items():
+            sent_bytes = comm.allreduce(sent, op=MPI.MAX)
             if name == "ring":
                 ring_sent = sent_bytes
             algbw = d * 4 / seconds

@@ -57,8 +57,10 @@ relay attacks and a check, all off by default:
   adding one vote to a valid count gives a valid count. What the check cannot catch: a
   tamper that keeps the count valid, i.e. within ``[-k, k]`` and, when parity is checked,
   an even change (with ``sign_zero = 0`` parity is not checked, so every in-range change
-  passes); a tamper into a Byzantine chunk owner; and every flip in Share-Only, whose one-
-  or two-bit values carry no redundancy.
+  passes). The change an honest receiver sees is the sum of the biases of the consecutive
+  Byzantine relays before it, so two adjacent relays adding 1 each pass the parity test.
+  Nor a tamper into a Byzantine chunk owner, nor any flip in Share-Only, whose one- or
+  two-bit values carry no redundancy.
 
 The check works the same for signSGD and RLR (same Share-Reduce). With the check or the bias
 attack on, Share-Reduce runs hop by hop in Python (per step, per local client) instead of
@@ -131,10 +133,10 @@ def count_dtype(n: int) -> np.dtype:
 BLOCK = 1 << 16  # elements per pass: keeps the temporaries in cache
 
 
-def quantize(grads: np.ndarray, sign_zero: int, dtype: np.dtype) -> np.ndarray:
+def quantize(grads: np.ndarray, sign_zero: int, dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
     """Phase I: element-wise sign in ``dtype``, with ``sign(0) = sign_zero``; NaN counts as 0."""
     flat = np.ascontiguousarray(grads).reshape(-1)
-    q = np.empty(flat.size, dtype)
+    q = np.empty(flat.size, dtype) if out is None else out.reshape(-1)
     for s in range(0, flat.size, BLOCK):
         x, out = flat[s : s + BLOCK], q[s : s + BLOCK]
         if sign_zero == 0:
@@ -175,10 +177,10 @@ class Packing:
             return np.ones(size, bool)
         return np.unpackbits(seg[: self.plane_bytes[c]], count=size).view(bool)
 
-    def decode(self, row: np.ndarray) -> np.ndarray:
-        """A packed row -> the float32 consensus vector."""
+    def decode(self, row: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """A packed row -> the consensus vector (float32, or into ``out``)."""
         b, pb, h = self.bounds, self.byte_bounds, self.plane_bytes
-        out = np.empty(int(b[-1]), np.float32)
+        out = np.empty(int(b[-1]), np.float32) if out is None else out
         for c in range(len(b) - 1):
             seg, size = row[pb[c] : pb[c + 1]], int(b[c + 1] - b[c])
             signs = self.signs(seg, c)
@@ -267,7 +269,7 @@ class SignVote:
     >>> from fedring.comm import Layout, Network
     >>> G = np.array([[1, -2, 3], [2, 2, -1], [-4, 1, 0], [3, 5, 0]], np.float32)
     >>> def vote(name, params={}):
-    ...     return SignVote(name, 4, params)(Network(Layout(4, MPI.COMM_SELF)), G).tolist()
+    ...     return SignVote(name, 4, params)(Network(Layout(4, MPI.COMM_SELF)), G.copy()).tolist()
     >>> vote("brace", {"lambda": 1}), vote("brace", {"lambda": 1, "rule": "symmetric"})
     ([1.0, 1.0, -1.0], [1.0, 1.0, 0.0])
     >>> vote("signsgd"), vote("rlr", {"theta": 2}), vote("rlr", {"theta": 3})
@@ -315,6 +317,7 @@ class SignVote:
         self.round = 0
         self.d = 0
         self._stats = np.zeros(n_clients + 3, np.int64)
+        self._buffers: dict[str, np.ndarray] = {}
 
     # ---------------------------------------------------------------- configuration
 
@@ -376,15 +379,17 @@ class SignVote:
 
     def centralized(self, G: np.ndarray) -> np.ndarray:
         """The same aggregate computed from all ``(n, d)`` inputs at once (spec §3.4), for checks."""
-        S = quantize(G, self.sign_zero, np.int64).sum(axis=0)
+        S = quantize(G, self.sign_zero, np.int8).sum(axis=0, dtype=np.int64)
         return self.consensus(S.astype(count_dtype(len(G)))).astype(np.float32)
 
     # ---------------------------------------------------------------- the round
 
     def __call__(self, net: Network, grads: np.ndarray) -> np.ndarray:
-        """One round over the ring: the ``(d,)`` float32 aggregate, identical on every rank.
+        """One round over the ring: the ``(d,)`` aggregate, identical on every rank.
 
-        ``grads`` holds the ``(n_local, d)`` rows of this rank's clients (left unchanged).
+        ``grads`` holds the ``(n_local, d)`` float32 rows of this rank's clients. The result is
+        written into ``grads[0]`` and returned (a view: copy it to keep it once ``grads`` is
+        reused); other rows are left unchanged.
         """
         lay, n = net.layout, net.n_clients
         if n != self.n_clients:
@@ -396,13 +401,14 @@ class SignVote:
         packing = Packing(bounds, self.bits)
         local_byz = [i for i in lay.local_clients if self.byzantine[i]]
 
-        counts = quantize(grads, self.sign_zero, self.dtype)  # phase I
+        counts = self._scratch("counts", grads.shape, self.dtype)
+        quantize(grads, self.sign_zero, self.dtype, out=counts)  # phase I
         if self.check or (self.relay_attack == "bias" and self.byzantine.any()):
             self._share_reduce_guarded(net, counts, bounds, local_byz)  # phase II
         else:
             reduce_scatter(net, counts, bounds, SHARE_REDUCE)  # phase II
 
-        packed = np.empty((n_local, int(packing.byte_bounds[-1])), np.uint8)
+        packed = self._scratch("packed", (n_local, int(packing.byte_bounds[-1])), np.uint8)
         pb = packing.byte_bounds
         for k, i in enumerate(lay.local_clients):  # phase III, on the chunk each client owns
             c = owned_chunk(i, n)
@@ -425,12 +431,22 @@ class SignVote:
             net.comm.Reduce(self._stats, total, op=MPI.SUM, root=0)
             self._stats = total
         self.round += 1
-        return packing.decode(row)
+        # Into grads[0] (consumed by now): a fresh d-vector would cost a page fault per 4 KiB.
+        reuse = grads.dtype == np.float32 and grads[0].flags.c_contiguous and grads.flags.writeable
+        return packing.decode(row, grads[0] if reuse else None)
+
+    def _scratch(self, name: str, shape: tuple, dtype) -> np.ndarray:
+        """A work buffer kept across rounds (never handed out)."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape != tuple(shape) or buf.dtype != dtype:
+            buf = self._buffers[name] = np.empty(shape, dtype)
+        return buf
 
     def _share_reduce_guarded(self, net: Network, counts: np.ndarray, bounds: np.ndarray, local_byz) -> None:
         """Phase II step by step, with the relays' bias, the receivers' check and saturation."""
         lay, n = net.layout, net.n_clients
-        own = counts.copy()
+        own = self._scratch("own", counts.shape, counts.dtype)
+        own[...] = counts
         top = int(np.iinfo(counts.dtype).max)
         tampering = self.relay_attack == "bias"
         for s in range(n - 1):

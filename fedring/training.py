@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from .aggregators import make_aggregator
+from .aggregators import AGGREGATORS, PRE_AGGREGATORS, make_aggregator
 from .attacks import AttackContext, Backdoor, DataAttack, make_attack
 from .brace import RING_RULES, SignVote
 from .comm import Network, Layout
@@ -50,6 +50,10 @@ class Topology:
     """How the clients' gradients become the update every replica applies."""
 
     def __init__(self, cfg: Config, net: Network, byzantine: np.ndarray, d: int):
+        known = {*AGGREGATORS, *PRE_AGGREGATORS, *RING_RULES, "attack"}
+        for section in cfg.sections:
+            if section not in known:
+                raise ConfigError(section, f"unknown settings section; allowed: {', '.join(sorted(known))}")
         self.cfg, self.net, self.d = cfg, net, d
         n, f = cfg.clients, cfg.declared_f if cfg.declared_f is not None else len(byzantine)
         self.signvote = self.rule = None
