@@ -134,7 +134,8 @@ def headline() -> int:
 USAGE = """usage: python -m fedring                        the headline experiment (BRACE vs ring-all-reduce under attack)
        python -m fedring [run] [options]        federated training (python -m fedring run --help)
        python -m fedring bench comm|aggregators|prism [options]
-       python -m fedring conformal prism|labelshift [options]"""
+       python -m fedring conformal prism|labelshift [options]
+       python -m fedring sweep GRID.toml [--dry-run|--submit|--local] [options]"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     single = bool(argv)
     if argv[:1] == ["run"]:
         argv = argv[1:]
+    elif argv[:1] == ["sweep"]:
+        from .sweep import main as sweep_main
+
+        return sweep_main(argv[1:])
     elif argv and not argv[0].startswith("-"):
         key = tuple(argv[:2])
         if key not in SUBCOMMANDS:

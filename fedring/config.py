@@ -111,11 +111,11 @@ def _coerce(key: str, value: Any) -> Any:
 def merge(cfg: Config, items: dict[str, Any], origin: str) -> Config:
     """Apply ``{key: value}`` (top-level names, dotted section keys, or TOML tables)."""
     for key, value in items.items():
-        if isinstance(value, dict) and key not in FIELDS:
-            cfg.sections.setdefault(key, {}).update(value)
-        elif "." in key:
+        if "." in key:
             section, name = key.split(".", 1)
             cfg.sections.setdefault(section, {})[name] = value
+        elif isinstance(value, dict) and key not in FIELDS:
+            cfg.sections.setdefault(key, {}).update(value)
         elif key in FIELDS:
             setattr(cfg, key, _coerce(key, value))
         else:
@@ -170,6 +170,7 @@ def validate(cfg: Config, world_size: int) -> Config:
         raise ConfigError("noniid", f"Fang's degree q must be in [0, 1], got {cfg.noniid}")
     if cfg.partition == "dirichlet" and not cfg.noniid > 0:
         raise ConfigError("noniid", f"Dirichlet alpha must be > 0, got {cfg.noniid}")
+    check_names(cfg)
     if cfg.out is None:
         cfg.out = cfg.default_out()
     if cfg.resume and cfg.overwrite:
@@ -179,6 +180,30 @@ def validate(cfg: Config, world_size: int) -> Config:
     if Path(cfg.out).exists() and not (cfg.overwrite or cfg.resume):
         raise ConfigError("out", f"{cfg.out} exists; pass --overwrite to replace it, --resume to continue it, or choose another --out")
     return cfg
+
+
+def check_names(cfg: Config) -> None:
+    """Components exist and fit the topology (their parameters are checked when they are built)."""
+    from .aggregators import AGGREGATORS, PRE_AGGREGATORS
+    from .attacks import ATTACKS
+    from .brace import RING_RULES
+
+    if cfg.topology == "ring" and cfg.aggregator not in ("mean", *RING_RULES):
+        hint = " (a server rule: add --topology server)" if cfg.aggregator in AGGREGATORS else ""
+        raise ConfigError("aggregator", f"{cfg.aggregator!r} does not run on the ring{hint}; allowed: mean, {', '.join(RING_RULES)}")
+    if cfg.topology == "server" and cfg.aggregator not in AGGREGATORS:
+        raise ConfigError("aggregator", f"unknown server rule {cfg.aggregator!r}; allowed: {', '.join(sorted(AGGREGATORS))}")
+    for name in cfg.pre_aggregators:
+        if name not in PRE_AGGREGATORS or cfg.topology != "server":
+            raise ConfigError("pre_aggregators", f"{name!r}: allowed with --topology server: {', '.join(sorted(PRE_AGGREGATORS))}")
+    if cfg.attack != "none" and cfg.attack not in ATTACKS:
+        raise ConfigError("attack", f"unknown attack {cfg.attack!r}; allowed: none, {', '.join(ATTACKS)}")
+    if cfg.attack != "none" and byzantine_count(cfg) == 0:
+        raise ConfigError("byzantine", f"--attack {cfg.attack} needs Byzantine clients: set --byzantine")
+    known = {*AGGREGATORS, *PRE_AGGREGATORS, *RING_RULES, "attack"}
+    for section in cfg.sections:
+        if section not in known:
+            raise ConfigError(section, f"unknown settings section; allowed: {', '.join(sorted(known))}")
 
 
 def byzantine_count(cfg: Config) -> int:
@@ -191,6 +216,12 @@ RUN_CONTROL = ("out", "overwrite", "resume", "quiet", "checkpoint_every")
 
 
 def config_differences(stored: dict, current: dict) -> list[str]:
-    """``key: stored -> current`` for every result-changing setting that differs."""
+    """``key: stored -> current`` for every result-changing setting that differs.
+
+    A key missing from the stored config (written before the setting existed) counts as
+    its default.
+    """
+    defaults = json.loads(Config().to_json())
+    stored = {**defaults, **stored}
     keys = sorted((set(stored) | set(current)) - set(RUN_CONTROL))
     return [f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in keys if stored.get(k) != current.get(k)]

@@ -1,0 +1,623 @@
+"""Sweeps: a TOML grid of run settings, expanded into configs and run as one SLURM array job.
+
+``python -m fedring sweep GRID.toml [--dry-run | --submit | --local] [--set KEY=VALUE ...]``
+
+The grid file
+-------------
+A grid is a run config file (the keys of ``python -m fedring run --config``) in which any
+value may be a list; the sweep is the cartesian product of all lists::
+
+    dataset = "fashion-mnist"
+    rounds = 300
+    attack = ["none", "labelflip", "gaussian"]   # an axis: 3 values
+    seed = [0, 1]                                # another: 3 x 2 = 6 configs
+    [krum]
+    variant = ["paper", "byzfl"]                 # section parameters are axes too
+
+    # An array of tables is one more axis whose values are groups of settings that go
+    # together (its name is only a label). Lists inside a group expand within the group,
+    # and a group's settings override the same settings outside it.
+    [[defence]]
+    topology = "ring"
+    aggregator = ["mean", "brace"]
+    lr = 0.001
+    [[defence]]
+    topology = "server"
+    aggregator = ["krum", "median"]
+
+    [sweep]                    # how to run it (not a run setting)
+    ranks = 4                  # MPI ranks per run (sbatch --ntasks)
+    out_dir = "results/demo"   # default: results/<grid file name without .toml>
+    time = "02:00:00"          # sbatch --time (optional)
+    max_parallel = 8           # at most 8 array tasks at once (optional)
+    launcher = "srun"          # srun (--mpi=pmi2) or mpiexec inside the job (optional)
+    sbatch = ["--partition=cpu", "--account=me"]   # more sbatch options (optional)
+
+A setting whose value is itself a list (``pre_aggregators``) takes a list of lists as an
+axis; to give a section parameter a literal list value, wrap it: ``weights = [[1, 2]]``.
+``--set KEY=VALUE`` on the command line replaces a setting everywhere (a list value is an
+axis); ``--ranks``, ``--out-dir`` etc. replace ``[sweep]`` entries.
+
+Files
+-----
+Every config is resolved with fedring's own defaults and validation (a bad value stops the
+sweep before anything is submitted) and named by a hash: the first 12 hex digits of the
+SHA-256 of the canonical JSON (sorted keys) of its result-changing settings that differ from
+fedring's defaults, sections included; run-control settings (``out``, ``resume``,
+``checkpoint_every``, ...) are left out. So key order, spelling a default out, or a new
+fedring setting with a default never changes a name. Changing a default value in fedring
+does not either: a file whose stored config then differs is reported as a conflict, never
+silently counted as complete. Under ``out_dir``::
+
+    configs/<hash>.toml    the config (non-default settings), as given to --config
+    <hash>.h5              its results
+    tasks-<id>.txt         one hash per line: array task i runs line i (id: hash of the list)
+    logs/<job>_<task>.out  SLURM output, appended across requeues
+
+``--submit`` submits only configs that are not complete and not being written (HDF5 file
+lock held) to ``jobs/sweep.sbatch``; each array task hands its config to
+``jobs/run.sbatch``, which asks :func:`plan` what to do: skip a complete file, resume one
+with a checkpoint, start afresh otherwise. Submitting the same grid again is therefore
+always safe; it picks up whatever did not finish. (A run in progress is recognised by its
+HDF5 file lock; with ``HDF5_USE_FILE_LOCKING=FALSE``, as on some parallel file systems, do
+not resubmit while the first submission is still running.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import FIELDS, RUN_CONTROL, Config, load_toml, merge, parse_value, validate
+from .errors import ConfigError
+
+JOBS_DIR = Path(__file__).resolve().parents[1] / "jobs"
+HASH_DIGITS = 12
+LAUNCHERS = ("srun", "mpiexec")
+DEFAULTS = Config()
+
+
+# ---------------------------------------------------------------------------------------------
+# Grid expansion
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SweepSettings:
+    """The ``[sweep]`` table: how the configs are run, not what they compute."""
+
+    out_dir: str | None = None
+    ranks: int = 1
+    time: str | None = None
+    max_parallel: int | None = None
+    launcher: str | None = None
+    sbatch: list[str] = field(default_factory=list)
+
+    def update(self, items: dict[str, Any]) -> None:
+        kinds = {"out_dir": str, "ranks": int, "time": str, "max_parallel": int, "launcher": str, "sbatch": list}
+        for key, value in items.items():
+            if key not in kinds:
+                raise ConfigError(f"sweep.{key}", f"unknown; allowed: {', '.join(kinds)}")
+            kind = kinds[key]
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ConfigError(f"sweep.{key}", f"expected {kind.__name__}, got {value!r}")
+            if kind is int and value < 1:
+                raise ConfigError(f"sweep.{key}", f"must be >= 1, got {value}")
+            if key == "launcher" and value not in LAUNCHERS:
+                raise ConfigError("sweep.launcher", f"{value!r} is not allowed; allowed: {', '.join(LAUNCHERS)}")
+            if key == "sbatch" and not all(isinstance(a, str) for a in value):
+                raise ConfigError("sweep.sbatch", f"expected a list of strings, got {value!r}")
+            setattr(self, key, value)
+
+
+def _is_group_axis(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def _axis(key: str, value: Any) -> list[Any]:
+    """The values a setting takes: a list is an axis, except a plain value of a list setting."""
+    if not isinstance(value, list):
+        return [value]
+    list_setting = key in FIELDS and FIELDS[key].type == "list"
+    if list_setting and not (value and all(isinstance(v, list) for v in value)):
+        return [value]
+    if not value:
+        raise ConfigError(key, "an empty list gives no value to sweep over")
+    return value
+
+
+def expand(table: dict[str, Any]) -> list[dict[str, Any]]:
+    """All combinations of a grid table, as ``{setting: value}`` dicts (``section.key`` for sections).
+
+    Plain settings vary slowest-first in file order; the groups of each array of tables are
+    applied on top, so a group's settings override the same settings outside it.
+
+    >>> expand({"a": [1, 2], "g": [{"b": 0}, {"b": [5, 6], "a": 9}]})
+    [{'a': 1, 'b': 0}, {'a': 9, 'b': 5}, {'a': 9, 'b': 6}, {'a': 2, 'b': 0}, {'a': 9, 'b': 5}, {'a': 9, 'b': 6}]
+    """
+    plain: list[tuple[str, list[Any]]] = []
+    groups: list[list[dict[str, Any]]] = []
+    for key, value in table.items():
+        if _is_group_axis(value):
+            groups.append([combo for group in value for combo in expand(group)])
+        elif isinstance(value, dict) and key in FIELDS:
+            raise ConfigError(key, f"is a setting, not a section: give its parameters as quoted keys, "
+                              f'e.g. "{key}.name" = value')
+        elif isinstance(value, dict):
+            plain.extend((f"{key}.{name}", _axis(f"{key}.{name}", v)) for name, v in value.items())
+        else:
+            plain.append((key, _axis(key, value)))
+    keys = [key for key, _ in plain]
+    combos = []
+    for values in itertools.product(*(options for _, options in plain)):
+        for picks in itertools.product(*groups):
+            combo = dict(zip(keys, values))
+            for pick in picks:
+                combo.update(pick)
+            combos.append(combo)
+    return combos
+
+
+def resolve(settings: dict[str, Any], ranks: int, origin: str) -> Config:
+    """A config from grid settings, with fedring's defaults and validation for ``ranks`` ranks."""
+    top = {k: v for k, v in settings.items() if "." not in k}
+    cfg = merge(Config(), top, origin)
+    for key, value in settings.items():  # section.key: values may themselves be tables
+        if key not in top:
+            section, name = key.split(".", 1)
+            cfg.sections.setdefault(section, {})[name] = value
+    check = copy.deepcopy(cfg)
+    check.out, check.overwrite, check.resume = os.devnull, True, False  # validate settings, not files
+    validate(check, ranks)
+    cfg.clients = check.clients
+    return cfg
+
+
+def canonical(cfg: Config) -> dict[str, Any]:
+    """The result-changing settings of ``cfg`` that differ from fedring's defaults (hashed, written)."""
+    out = {}
+    for name in FIELDS:
+        value = getattr(cfg, name)
+        if name not in RUN_CONTROL and value != getattr(DEFAULTS, name):
+            out[name] = value
+    sections = {k: v for k, v in sorted(cfg.sections.items()) if v}
+    if sections:
+        out["sections"] = sections
+    return out
+
+
+def config_hash(cfg: Config) -> str:
+    """Stable name of a config: independent of key order and of how defaults were spelled."""
+    text = json.dumps(canonical(cfg), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:HASH_DIGITS]
+
+
+@dataclass
+class Sweep:
+    grid: Path
+    settings: SweepSettings
+    configs: list[Config]
+    hashes: list[str]
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.settings.out_dir or f"results/{self.grid.stem}")
+
+    def config_path(self, h: str) -> Path:
+        return self.out_dir / "configs" / f"{h}.toml"
+
+    def results_path(self, h: str) -> Path:
+        return self.out_dir / f"{h}.h5"
+
+    def varying(self) -> list[str]:
+        """Settings that differ between configs: fedring's order, then section keys."""
+        rows = [canonical(c) for c in self.configs]
+        flat = [{**{k: v for k, v in r.items() if k != "sections"},
+                 **{f"{s}.{k}": v for s, t in r.get("sections", {}).items() for k, v in t.items()}} for r in rows]
+        seen = {k for r in flat for k in r}
+        keys = [k for k in FIELDS if k in seen] + sorted(seen - FIELDS.keys())
+        return [k for k in keys if len({json.dumps(r.get(k), sort_keys=True) for r in flat}) > 1]
+
+
+def load_sweep(grid: str | Path, overrides: list[str] = (), sweep_overrides: dict[str, Any] | None = None) -> Sweep:
+    """Read, expand and resolve a grid; ``overrides`` are ``KEY=VALUE`` strings applied last."""
+    grid = Path(grid)
+    table = load_toml(str(grid))
+    settings = SweepSettings()
+    sweep_table = table.pop("sweep", {})
+    if not isinstance(sweep_table, dict):
+        raise ConfigError("sweep", "must be a table ([sweep])")
+    settings.update(sweep_table)
+    settings.update({k: v for k, v in (sweep_overrides or {}).items() if v is not None})
+    extra: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError("set", f"expected KEY=VALUE, got {item!r}")
+        extra[key.strip()] = parse_value(value.strip())
+    configs, hashes = [], []
+    for base in expand(table):
+        for over in expand(extra):
+            combo = {**base, **over}
+            try:
+                cfg = resolve(combo, settings.ranks, str(grid))
+            except ConfigError as e:
+                shown = ", ".join(f"{k}={v!r}" for k, v in combo.items())
+                raise ConfigError(e.key, f"{e.message} (in the config {shown})") from None
+            h = config_hash(cfg)
+            if h not in hashes:  # two spellings of one config run once
+                configs.append(cfg)
+                hashes.append(h)
+    if not configs:
+        raise ConfigError("grid", f"{grid} expands to no config")
+    return Sweep(grid, settings, configs, hashes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Config files (TOML writer for the values a config holds)
+# ---------------------------------------------------------------------------------------------
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # JSON string escapes are valid TOML
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as TOML")
+
+
+def config_toml(cfg: Config) -> str:
+    """The config's non-default settings as a ``--config`` file."""
+    settings = canonical(cfg)
+    sections = settings.pop("sections", {})
+    lines = [f"# fedring config {config_hash(cfg)}"]
+    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in settings.items()]
+    # A section named like a setting (attack = "x" and attack.sigma) cannot be a TOML table.
+    lines += [f"{_toml_key(f'{name}.{k}')} = {_toml_value(v)}" for name, t in sections.items() if name in FIELDS for k, v in t.items()]
+    for name, table in sections.items():
+        if name not in FIELDS:
+            lines += ["", f"[{_toml_key(name)}]"]
+            lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# State of a results file
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FileState:
+    """``missing``, ``live`` (another process holds the HDF5 write lock), ``unreadable``, or the
+    stored ``status`` (``complete``, ``preempted``, ``failed``, ``running`` = its writer died)."""
+
+    kind: str
+    config: dict | None = None
+    checkpoint: bool = False
+    rounds_completed: int = 0
+    detail: str = ""
+
+
+def file_state(path: str | Path) -> FileState:
+    import h5py
+
+    path = Path(path)
+    if not path.exists():
+        return FileState("missing")
+    try:
+        with h5py.File(path, "r") as f:
+            attrs = f.attrs
+            status = attrs.get("status", "unknown")
+            config = json.loads(attrs["config"]) if "config" in attrs else None
+            return FileState(str(status), config, "checkpoint" in f, int(attrs.get("rounds_completed", 0)))
+    except BlockingIOError:
+        return FileState("live", detail="another process holds its HDF5 file lock")
+    except (OSError, ValueError, KeyError) as e:
+        return FileState("unreadable", detail=f"{type(e).__name__}: {e}")
+
+
+def differences(stored: dict, cfg: Config) -> list[str]:
+    """``key: stored -> current`` for result-changing settings that differ; a key missing on one
+    side counts as fedring's default (files from before a setting existed stay valid)."""
+    current = dataclasses.asdict(cfg)
+    out = []
+    for key in sorted((set(stored) | set(current)) - set(RUN_CONTROL)):
+        default = getattr(DEFAULTS, key, None) if key != "sections" else {}
+        a, b = stored.get(key, default), current.get(key, default)
+        if key == "sections":
+            a, b = ({k: v for k, v in (x or {}).items() if v} for x in (a, b))
+        if a != b:
+            out.append(f"{key}: {a!r} -> {b!r}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# What a job does with its results file (called by jobs/run.sbatch)
+# ---------------------------------------------------------------------------------------------
+
+
+def _run_config(argv: list[str], world_size: int) -> Config:
+    """The config that ``python -m fedring run ARGV`` resolves to (file checks left out)."""
+    import mpi4py
+
+    mpi4py.rc.initialize = mpi4py.rc.finalize = False  # parse only: no MPI in the batch shell
+    from .cli import build_config
+
+    return build_config([*argv, "--overwrite"], world_size)
+
+
+def plan(argv: list[str], world_size: int, restart: bool) -> list[str] | None:
+    """Arguments to run ``python -m fedring run ARGV`` as a (possibly requeued) job; None = nothing to do.
+
+    By the state of the ``--out`` file: missing -> as given; complete -> nothing (unless a
+    first start asked ``--overwrite``); has a checkpoint -> ``--resume``; exists without one ->
+    ``--overwrite`` (nothing to keep); being written by another process -> nothing. A requeued
+    job (``restart``) never starts afresh. A stored config that differs from ARGV's is an error.
+    """
+    if any("\n" in a for a in argv):
+        raise ConfigError("arguments", "a job argument contains a newline")
+    args = [a for a in argv if a not in ("--overwrite", "--resume")]
+    fresh = "--overwrite" in argv and not restart
+    cfg = _run_config(args, world_size)
+    state = file_state(cfg.out)
+    say = lambda msg: print(f"fedring job: {cfg.out}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    if state.kind == "missing":
+        return args
+    if state.kind == "live":
+        say(f"being written by another process ({state.detail}): nothing to do")
+        return None
+    if state.kind == "unreadable":
+        raise ConfigError("out", f"{cfg.out} is not a readable results file ({state.detail}); remove it or choose another --out")
+    if fresh:
+        return [*args, "--overwrite"]
+    diff = differences(state.config or {}, cfg)
+    if diff:
+        raise ConfigError("out", f"{cfg.out} was written with other settings: {'; '.join(diff)}; "
+                          "pass --overwrite (first start) or choose another --out")
+    if state.kind == "complete":
+        say("complete: nothing to do")
+        return None
+    if state.checkpoint:
+        say(f"{state.kind} after {state.rounds_completed} rounds: resuming from its checkpoint")
+        return [*args, "--resume"]
+    say(f"{state.kind} without a checkpoint: starting afresh")
+    return [*args, "--overwrite"]
+
+
+def check_world_size() -> int:
+    """Exit 1 (loudly, on every process) unless MPI's world size is the job's ``SLURM_NTASKS``.
+
+    A launcher that does not speak the MPI library's process-management interface (plain
+    ``srun`` without ``--mpi=pmi2``) starts SLURM_NTASKS independent 1-rank programs. The job
+    script passes its SLURM_NTASKS as ``FEDRING_EXPECT_RANKS``: mpiexec's proxies run in a
+    step of their own, where SLURM_NTASKS counts proxies, not ranks.
+    """
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a stop request meant for the run that follows
+    from mpi4py import MPI
+
+    want = int(os.environ.get("FEDRING_EXPECT_RANKS") or os.environ.get("SLURM_NTASKS", "1"))
+    size = MPI.COMM_WORLD.size
+    if size == want:
+        return 0
+    print(f"fedring job: MPI world size is {size} but SLURM_NTASKS={want}: the launcher started separate "
+          f"programs instead of one MPI job. Use srun --mpi=pmi2 (FEDRING_SRUN_MPI) or FEDRING_LAUNCHER=mpiexec.",
+          file=sys.stderr, flush=True)
+    return 1
+
+
+def task_args(tasks_file: str | Path, index: int) -> list[str]:
+    """``--config C --out O`` of array task ``index`` of a tasks file."""
+    tasks_file = Path(tasks_file).resolve()
+    hashes = tasks_file.read_text().split()
+    if not 0 <= index < len(hashes):
+        raise ConfigError("task", f"index {index} outside 0..{len(hashes) - 1} of {tasks_file}")
+    root, h = tasks_file.parent, hashes[index]
+    return ["--config", str(root / "configs" / f"{h}.toml"), "--out", str(root / f"{h}.h5")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Dry run, submission, local runs
+# ---------------------------------------------------------------------------------------------
+
+
+def states(sweep: Sweep) -> list[tuple[str, str]]:
+    """(state, note) of every config's results file; a differing stored config is ``conflict``."""
+    out = []
+    for cfg, h in zip(sweep.configs, sweep.hashes):
+        st = file_state(sweep.results_path(h))
+        diff = differences(st.config, cfg) if st.config is not None else []
+        if diff:
+            out.append(("conflict", "; ".join(diff)))
+        elif st.kind in ("preempted", "failed", "running"):
+            out.append((st.kind, f"{st.rounds_completed}/{cfg.rounds} rounds" + (", checkpoint" if st.checkpoint else "")))
+        else:
+            out.append((st.kind, st.detail))
+    return out
+
+
+def _table(sweep: Sweep, rows: list[tuple[str, str]]) -> str:
+    cols = sweep.varying()
+    header = ["#", "hash", "state", *cols, "note"]
+    body = []
+    for i, (cfg, h, (kind, note)) in enumerate(zip(sweep.configs, sweep.hashes, rows)):
+        values = []
+        for c in cols:
+            sec, dot, key = c.partition(".")
+            values.append(cfg.sections.get(sec, {}).get(key) if dot else getattr(cfg, c))
+        body.append([str(i), h, kind, *("" if v is None else str(v) for v in values), note])
+    widths = [max(len(r[j]) for r in [header, *body]) for j in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header, *body])
+
+
+def _write_configs(sweep: Sweep) -> None:
+    (sweep.out_dir / "configs").mkdir(parents=True, exist_ok=True)
+    for cfg, h in zip(sweep.configs, sweep.hashes):
+        path = sweep.config_path(h)
+        text = config_toml(cfg)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+
+
+def _tasks_file(sweep: Sweep, pending: list[int], write: bool = False) -> Path:
+    text = "".join(f"{sweep.hashes[i]}\n" for i in pending)
+    path = sweep.out_dir / f"tasks-{hashlib.sha256(text.encode()).hexdigest()[:8]}.txt"
+    if write and not path.exists():  # content-addressed: running jobs may be reading it
+        path.write_text(text)
+    return path
+
+
+def sbatch_command(sweep: Sweep, tasks: Path, n_tasks: int, jobs_dir: Path) -> list[str]:
+    s = sweep.settings
+    array = f"0-{n_tasks - 1}" + (f"%{s.max_parallel}" if s.max_parallel else "")
+    cmd = ["sbatch", "--parsable", f"--array={array}", f"--ntasks={s.ranks}",
+           f"--job-name=fedring-{sweep.grid.stem}", f"--output={(sweep.out_dir / 'logs').resolve()}/%A_%a.out"]
+    if s.time:
+        cmd.append(f"--time={s.time}")
+    cmd += s.sbatch
+    return [*cmd, str(jobs_dir / "sweep.sbatch"), str(tasks.resolve()), str(jobs_dir / "run.sbatch")]
+
+
+def submit(sweep: Sweep, pending: list[int], jobs_dir: Path, dry_run: bool) -> int:
+    tasks = _tasks_file(sweep, pending)
+    cmd = sbatch_command(sweep, tasks, len(pending), jobs_dir)
+    env_note = f"FEDRING_LAUNCHER={sweep.settings.launcher} " if sweep.settings.launcher else ""
+    if dry_run:
+        print(f"would submit {len(pending)} array tasks (and write {sweep.out_dir}/configs/, {tasks.name}):")
+        print(f"  {env_note}{shlex.join(cmd)}")
+        return 0
+    for script in ("sweep.sbatch", "run.sbatch"):
+        if not (jobs_dir / script).is_file():
+            raise ConfigError("jobs-dir", f"{jobs_dir / script} not found (give --jobs-dir: the fedring checkout's jobs/)")
+    if shutil.which("sbatch") is None:
+        raise ConfigError("submit", "sbatch not found: not on a SLURM cluster (use --local to run here)")
+    _write_configs(sweep)
+    _tasks_file(sweep, pending, write=True)
+    (sweep.out_dir / "logs").mkdir(exist_ok=True)
+    env = dict(os.environ)
+    if sweep.settings.launcher:
+        env["FEDRING_LAUNCHER"] = sweep.settings.launcher
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        print(f"fedring sweep: sbatch failed ({proc.returncode}): {proc.stderr.strip()}\n  {shlex.join(cmd)}", file=sys.stderr)
+        return 1
+    job = proc.stdout.strip().split(";")[0]
+    print(f"submitted array job {job}: {len(pending)} tasks; results in {sweep.out_dir}/, logs in {sweep.out_dir}/logs/")
+    return 0
+
+
+def run_local(sweep: Sweep, pending: list[int]) -> int:
+    """Run the pending configs one after another on this machine (``mpiexec -n ranks``)."""
+    _write_configs(sweep)
+    launch = [] if sweep.settings.ranks == 1 else [shutil.which("mpiexec") or "mpiexec", "-n", str(sweep.settings.ranks)]
+    failed = []
+    for k, i in enumerate(pending):
+        h = sweep.hashes[i]
+        args = plan(["--config", str(sweep.config_path(h)), "--out", str(sweep.results_path(h))],
+                    sweep.settings.ranks, restart=False)
+        if args is None:
+            continue
+        print(f"[{k + 1}/{len(pending)}] config {h}", flush=True)
+        rc = subprocess.run([*launch, sys.executable, "-m", "fedring", "run", *args]).returncode
+        if rc != 0:
+            failed.append(f"{h} (exit {rc})")
+    if failed:
+        print(f"fedring sweep: {len(failed)} run(s) did not complete: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m fedring sweep",
+        description="Expand a TOML grid of run settings; submit it as a SLURM array job, or run it here.",
+        epilog="Grid format: see the docstring of fedring/sweep.py or the README.",
+    )
+    p.add_argument("grid", metavar="GRID.toml")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="list the configs and the sbatch command (default)")
+    mode.add_argument("--submit", action="store_true", help="submit the configs that are not complete")
+    mode.add_argument("--local", action="store_true", help="run them one after another here (mpiexec -n ranks)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="replace a setting everywhere (a list is an axis)")
+    p.add_argument("--ranks", type=int, help="MPI ranks per run ([sweep] ranks)")
+    p.add_argument("--out-dir", dest="out_dir", help="[sweep] out_dir")
+    p.add_argument("--time", help="[sweep] time (sbatch --time)")
+    p.add_argument("--launcher", help="[sweep] launcher: srun | mpiexec")
+    p.add_argument("--max-parallel", dest="max_parallel", type=int, help="[sweep] max_parallel")
+    p.add_argument("--jobs-dir", dest="jobs_dir", type=Path, default=JOBS_DIR, help=f"job scripts (default {JOBS_DIR})")
+    return p
+
+
+def _internal(argv: list[str]) -> int:
+    """Helpers for the job scripts: ``--task FILE I``, ``--plan RUN-ARGS...``, ``--check-world-size``."""
+    if argv[0] == "--check-world-size":
+        return check_world_size()
+    if argv[0] == "--task":
+        print("\n".join(task_args(argv[1], int(argv[2]))))
+        return 0
+    args = plan(argv[1:], int(os.environ.get("SLURM_NTASKS", "1")), int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0)
+    if args is not None:
+        print("\n".join(args))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    try:
+        if argv and argv[0] in ("--task", "--plan", "--check-world-size"):
+            return _internal(argv)
+        args = parser().parse_args(argv)
+        overrides = {k: getattr(args, k) for k in ("ranks", "out_dir", "time", "launcher", "max_parallel")}
+        sweep = load_sweep(args.grid, args.set, overrides)
+        rows = states(sweep)
+        conflicts = [sweep.hashes[i] for i, (kind, _) in enumerate(rows) if kind in ("conflict", "unreadable")]
+        pending = [i for i, (kind, _) in enumerate(rows) if kind not in ("complete", "live", "conflict", "unreadable")]
+        counts = {k: sum(1 for kind, _ in rows if kind == k) for k in dict.fromkeys(kind for kind, _ in rows)}
+        print(f"{sweep.grid}: {len(sweep.configs)} configs, {sweep.settings.ranks} ranks each, results in {sweep.out_dir}/ "
+              f"({', '.join(f'{n} {k}' for k, n in counts.items())})")
+        print(_table(sweep, rows))
+        if conflicts:
+            raise ConfigError("out_dir", f"results of other settings under the names of {', '.join(conflicts)} "
+                              "(see the notes): remove those files or choose another out_dir")
+        if not pending:
+            print("nothing to run: every config is complete or being written")
+            return 0
+        if args.local:
+            return run_local(sweep, pending)
+        return submit(sweep, pending, args.jobs_dir.resolve(), dry_run=not args.submit)
+    except ConfigError as e:
+        print(f"fedring sweep: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,199 @@
+"""jobs/ against a real SLURM: the one-node cluster of ../shared/tools/local-slurm (started
+here; CI runs as root with shared/ beside the repo), or an existing cluster with
+FEDRING_TEST_SLURM=1. Skipped, with the reason, where neither is available.
+
+Every wait polls squeue with a deadline, so a broken cluster fails a test instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import ROOT, mpi_env
+
+START = ROOT.parent / "shared" / "tools" / "local-slurm" / "start.sh"
+STOP = START.with_name("stop.sh")
+JOBS = ROOT / "jobs"
+
+
+def _cluster_up() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    proc = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
+    return proc.returncode == 0 and any(s in proc.stdout for s in ("idle", "mixed", "allocated"))
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A SLURM cluster to submit to; stops the local one afterwards if this fixture started it."""
+    started = False
+    if START.is_file() and os.geteuid() == 0:
+        started = not _cluster_up()
+        proc = subprocess.run(["bash", str(START)], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{START} failed:\n{proc.stdout}\n{proc.stderr}"
+    elif shutil.which("sbatch") is None:
+        pytest.skip(f"no sbatch here and no {START} to start a local SLURM (or not root)")
+    elif os.environ.get("FEDRING_TEST_SLURM") != "1":
+        pytest.skip("sbatch found but no local test cluster: set FEDRING_TEST_SLURM=1 to submit test jobs to this one")
+    if not _cluster_up():
+        pytest.fail("SLURM does not answer: sinfo shows no usable node")
+    yield
+    if started:
+        subprocess.run(["bash", str(STOP)], capture_output=True, timeout=120)
+
+
+def job_env() -> dict:
+    env = mpi_env()
+    env["FEDRING_PYTHON"] = sys.executable
+    env.pop("FEDRING_LAUNCHER", None)
+    return env
+
+
+def squeue(job: str) -> list[tuple[str, str, str]] | None:
+    """(task id, state, reason) of the job's tasks still pending or running; None if squeue failed."""
+    proc = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i %T %r"], capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        return None
+    return [tuple(line.split(None, 2)) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def wait_for(what: str, predicate, timeout: float, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def sbatch_wait(args: list[str], tmp_path: Path, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``sbatch --wait``: returns when the job ends, with its exit code."""
+    cmd = ["sbatch", "--wait", "--parsable", *args]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or job_env(), cwd=tmp_path)
+    except subprocess.TimeoutExpired:
+        subprocess.run(["scancel", "--name", "fedring-test"], timeout=30)
+        raise
+
+
+def test_world_size_mismatch_fails_loudly(slurm, tmp_path):
+    """Plain srun (no PMI) would start 2 separate 1-rank runs: the job refuses before the run."""
+    env = job_env()
+    env["FEDRING_SRUN_MPI"] = "none"
+    log = tmp_path / "job.out"
+    out = tmp_path / "r.h5"
+    proc = sbatch_wait(["--job-name=fedring-test", "--ntasks=2", f"--output={log}", str(JOBS / "run.sbatch"),
+                        "--dataset", "synthetic", "--rounds", "2", "--out", str(out)], tmp_path, env)
+    text = log.read_text()
+    assert proc.returncode == 1, text
+    assert "MPI world size is 1 but SLURM_NTASKS=2" in text
+    assert "does not start one MPI job of 2 ranks" in text
+    assert not out.exists()
+
+
+def test_run_script_with_mpiexec_then_skips_complete_file(slurm, tmp_path):
+    env = job_env()
+    env["FEDRING_LAUNCHER"] = "mpiexec"
+    out = tmp_path / "r.h5"
+    args = ["--job-name=fedring-test", "--ntasks=2", f"--output={tmp_path / 'job.out'}", str(JOBS / "run.sbatch"),
+            "--dataset", "synthetic", "--clients", "3", "--rounds", "3", "--eval-every", "1", "--out", str(out)]
+    proc = sbatch_wait(args, tmp_path, env)
+    text = (tmp_path / "job.out").read_text()
+    assert proc.returncode == 0, text
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "complete"
+        assert f.attrs["world_size"] == 2
+        assert list(f["metrics/round"][:]) == [1, 2, 3]
+    # The same submission again finds the file complete and does nothing.
+    proc = sbatch_wait(args, tmp_path, env)
+    text = (tmp_path / "job.out").read_text()
+    assert proc.returncode == 0, text
+    assert text.count("complete: nothing to do") == 1
+    assert text.count("-m fedring run") == 1
+
+
+GRID = """\
+dataset = "synthetic"
+clients = 4
+rounds = {rounds}
+eval_every = 2
+checkpoint_every = 10
+seed = [0, 1]
+
+[sweep]
+ranks = 2
+out_dir = "{out}"
+"""
+
+
+def test_sweep_survives_preemption(slurm, tmp_path):
+    """Submit a 2-config sweep, stop task 0 mid-run with USR1, let SLURM requeue it: all complete.
+
+    The requeued task resumes from the checkpoint its stop wrote, and its final model equals
+    an uninterrupted run's bit for bit.
+    """
+    rounds = 40
+    out = tmp_path / "sweep"
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(rounds=rounds, out=out))
+    env = job_env()
+    proc = subprocess.run([sys.executable, "-m", "fedring.sweep", str(grid), "--submit"],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job = re.search(r"submitted array job (\d+)", proc.stdout).group(1)
+    try:
+        hashes = (next(out.glob("tasks-*.txt"))).read_text().split()
+        assert len(hashes) == 2
+        log0 = out / "logs" / f"{job}_0.out"
+
+        # Stop task 0 once its run is under way (its signal handler is installed by then).
+        wait_for("task 0 to report progress", lambda: log0.is_file() and re.search(r"round +\d+/", log0.read_text()), 90)
+        subprocess.run(["scancel", "--signal=USR1", f"{job}_0"], check=True, timeout=30)
+
+        # A requeued job waits ~2 minutes (SLURM's BeginTime) before it may start: release it
+        # sooner, but not within the second of the requeue, whose revoked job credential
+        # (1 s resolution) would also revoke the new start's.
+        def requeued():
+            return any(t == f"{job}_0" and s == "PENDING" for t, s, _ in squeue(job) or [])
+
+        wait_for("task 0 to be requeued", requeued, 60)
+        time.sleep(3)
+        subprocess.run(["scontrol", "update", f"JobId={job}_0", "StartTime=now"], check=True, timeout=30)
+        wait_for("the sweep to finish", lambda: squeue(job) == [], 150, interval=1)
+    finally:
+        subprocess.run(["scancel", job], timeout=30)
+
+    text0 = log0.read_text()
+    assert "stopped by signal after round" in text0, text0
+    assert "checkpointed after a stop signal; requeueing" in text0
+    assert "resuming from its checkpoint" in text0
+    assert "(restart 1)" in text0
+    for h in hashes:
+        with h5py.File(out / f"{h}.h5", "r") as f:
+            assert f.attrs["status"] == "complete", (h, f.attrs["status"])
+            assert f.attrs["rounds_completed"] == rounds
+            assert list(f["metrics/round"][:]) == list(range(2, rounds + 1, 2))
+    # Submitting again finds nothing to do.
+    proc = subprocess.run([sys.executable, "-m", "fedring.sweep", str(grid), "--dry-run"],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert "(2 complete)" in proc.stdout and "nothing to run" in proc.stdout, proc.stdout
+
+    # Bit-exact against an uninterrupted run of the same config (1 rank: same results).
+    ref = tmp_path / "ref.h5"
+    subprocess.run([sys.executable, "-m", "fedring", "run", "--config", str(out / "configs" / f"{hashes[0]}.toml"),
+                    "--out", str(ref), "--quiet"], check=True, timeout=120, env=env, cwd=tmp_path)
+    with h5py.File(ref, "r") as a, h5py.File(out / f"{hashes[0]}.h5", "r") as b:
+        assert np.array_equal(a["model/final"][:], b["model/final"][:])
+        assert np.array_equal(a["metrics/test_accuracy"][:], b["metrics/test_accuracy"][:])
+        assert np.array_equal(a["comm/bytes_sent"][:], b["comm/bytes_sent"][:])

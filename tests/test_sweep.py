@@ -1,0 +1,263 @@
+"""Sweep grids: expansion, stable names, config files, results-file states, job plans, local runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import tomllib
+
+import h5py
+import pytest
+
+from conftest import MPIEXEC, ROOT, mpi_env
+from fedring.config import Config, merge
+from fedring.errors import ConfigError
+from fedring.sweep import (
+    canonical,
+    config_hash,
+    config_toml,
+    differences,
+    expand,
+    file_state,
+    load_sweep,
+    main,
+    plan,
+    resolve,
+    task_args,
+)
+
+
+def test_expand_is_the_cartesian_product_in_file_order():
+    assert expand({"a": [1, 2], "b": "x", "c": [True, False]}) == [
+        {"a": 1, "b": "x", "c": True},
+        {"a": 1, "b": "x", "c": False},
+        {"a": 2, "b": "x", "c": True},
+        {"a": 2, "b": "x", "c": False},
+    ]
+
+
+def test_groups_pair_settings_and_override_plain_ones():
+    grid = {
+        "lr": 0.1,
+        "attack": ["none", "gaussian"],
+        "pairs": [
+            {"topology": "ring", "aggregator": ["mean", "brace"], "lr": 0.001},
+            {"topology": "server", "aggregator": "krum"},
+        ],
+    }
+    got = [(c["attack"], c["topology"], c["aggregator"], c["lr"]) for c in expand(grid)]
+    assert got == [
+        ("none", "ring", "mean", 0.001),
+        ("none", "ring", "brace", 0.001),
+        ("none", "server", "krum", 0.1),
+        ("gaussian", "ring", "mean", 0.001),
+        ("gaussian", "ring", "brace", 0.001),
+        ("gaussian", "server", "krum", 0.1),
+    ]
+
+
+def test_two_group_axes_multiply():
+    grid = {"g": [{"a": 1}, {"a": 2}], "h": [{"b": 1}, {"b": 2}, {"b": 3}]}
+    assert [(c["a"], c["b"]) for c in expand(grid)] == [(a, b) for a in (1, 2) for b in (1, 2, 3)]
+
+
+def test_sections_and_list_valued_settings():
+    grid = {"krum": {"variant": ["paper", "byzfl"], "m": 3}, "pre_aggregators": ["nnm", "bucketing"]}
+    assert expand(grid) == [
+        {"krum.variant": "paper", "krum.m": 3, "pre_aggregators": ["nnm", "bucketing"]},
+        {"krum.variant": "byzfl", "krum.m": 3, "pre_aggregators": ["nnm", "bucketing"]},
+    ]
+    # a list of lists is an axis of a list setting; a wrapped list is one literal value
+    assert expand({"pre_aggregators": [[], ["nnm"]]}) == [{"pre_aggregators": []}, {"pre_aggregators": ["nnm"]}]
+    assert expand({"brace": {"w": [[1, 2]]}}) == [{"brace.w": [1, 2]}]
+
+
+def test_expand_errors_name_the_setting():
+    with pytest.raises(ConfigError, match="^seed: an empty list"):
+        expand({"seed": []})
+    with pytest.raises(ConfigError, match='^attack: is a setting, not a section.*"attack.name" = value'):
+        expand({"attack": {"sigma": 200}})
+
+
+def test_hash_is_the_documented_sha256_of_non_default_settings():
+    cfg = resolve({"dataset": "synthetic", "rounds": 5}, ranks=2, origin="test")
+    assert canonical(cfg) == {"clients": 2, "dataset": "synthetic", "rounds": 5}
+    expected = hashlib.sha256(b'{"clients":2,"dataset":"synthetic","rounds":5}').hexdigest()[:12]
+    assert config_hash(cfg) == expected
+
+
+def test_hash_ignores_key_order_spelled_defaults_and_run_control():
+    a = resolve({"dataset": "synthetic", "rounds": 5, "krum.variant": "paper", "krum.m": 2}, 2, "t")
+    b = resolve({"krum.m": 2, "krum.variant": "paper", "rounds": 5, "dataset": "synthetic",
+                 "seed": 0, "topology": "ring", "out": "x.h5", "checkpoint_every": 3, "quiet": True}, 2, "t")
+    assert config_hash(a) == config_hash(b)
+    c = resolve({"dataset": "synthetic", "rounds": 5, "krum.variant": "paper", "krum.m": 3}, 2, "t")
+    assert config_hash(c) != config_hash(a)
+    # clients defaults to the rank count: same ranks same name, explicit clients likewise
+    assert config_hash(resolve({"clients": 2, "dataset": "synthetic", "rounds": 5, "krum.variant": "paper",
+                                "krum.m": 2}, 1, "t")) == config_hash(a)
+
+
+def test_config_file_round_trips_to_the_same_config():
+    cfg = resolve({"dataset": "synthetic", "lr": 1e-5, "byzantine": 0.2, "attack": "gaussian", "attack.sigma": 200.0,
+                   "topology": "server", "aggregator": "krum",
+                   "pre_aggregators": ["nnm"], "krum.note": 'say "hi" \u00e9\n', "hplus.krum": {"variant": "byzfl"},
+                   "krum.weird key": [1, 2.5, True]}, 4, "t")
+    text = config_toml(cfg)
+    assert f"# fedring config {config_hash(cfg)}\n" in text
+    assert '"attack.sigma" = 200.0' in text  # a setting-named section cannot be a table
+    back = merge(Config(), tomllib.loads(text), "file")
+    assert canonical(back) == canonical(cfg)
+    assert config_hash(back) == config_hash(cfg)
+
+
+def test_load_sweep_overrides_validation_and_dedup(tmp_path):
+    grid = tmp_path / "g.toml"
+    grid.write_text('dataset = "synthetic"\nseed = [0, 1]\n[[d]]\nlr = 0.5\n[[d]]\nlr = 0.1\n[sweep]\nranks = 2\n')
+    sw = load_sweep(grid)
+    assert [(c.seed, c.lr) for c in sw.configs] == [(0, 0.5), (0, 0.1), (1, 0.5), (1, 0.1)]
+    assert sw.out_dir.as_posix() == "results/g"
+    assert sw.varying() == ["lr", "seed"]
+    # --set replaces a setting everywhere, groups included; lr=0.1 twice is one config
+    sw = load_sweep(grid, ["lr=0.1", "rounds=[3, 4]"], {"ranks": 1, "out_dir": "o"})
+    assert [(c.seed, c.lr, c.rounds, c.clients) for c in sw.configs] == [(0, 0.1, 3, 1), (0, 0.1, 4, 1), (1, 0.1, 3, 1), (1, 0.1, 4, 1)]
+    assert sw.settings.out_dir == "o" and len(set(sw.hashes)) == 4
+    with pytest.raises(ConfigError, match=r"^clients: 1 clients on 2 MPI ranks.*\(in the config .*seed=0"):
+        load_sweep(grid, ["clients=1"])
+    with pytest.raises(ConfigError, match="^sweep.ranks: must be >= 1"):
+        load_sweep(grid, [], {"ranks": 0})
+    grid.write_text("seed = 1\n[sweep]\nnodes = 2\n")
+    with pytest.raises(ConfigError, match="^sweep.nodes: unknown; allowed: out_dir, ranks"):
+        load_sweep(grid)
+
+
+def write_result(path, cfg: Config, status: str, checkpoint: bool = False, rounds: int = 3):
+    with h5py.File(path, "w") as f:
+        f.attrs["config"] = cfg.to_json()
+        f.attrs["status"] = status
+        f.attrs["rounds_completed"] = rounds
+        if checkpoint:
+            f.create_group("checkpoint").attrs["round"] = rounds
+
+
+def test_file_states(tmp_path):
+    cfg = resolve({"dataset": "synthetic"}, 1, "t")
+    assert file_state(tmp_path / "none.h5").kind == "missing"
+    write_result(tmp_path / "a.h5", cfg, "complete")
+    st = file_state(tmp_path / "a.h5")
+    assert (st.kind, st.checkpoint, st.rounds_completed, st.config["dataset"]) == ("complete", False, 3, "synthetic")
+    write_result(tmp_path / "b.h5", cfg, "preempted", checkpoint=True, rounds=7)
+    st = file_state(tmp_path / "b.h5")
+    assert (st.kind, st.checkpoint, st.rounds_completed) == ("preempted", True, 7)
+    (tmp_path / "c.h5").write_bytes(b"not hdf5")
+    assert file_state(tmp_path / "c.h5").kind == "unreadable"
+    # a file another process is writing holds HDF5's lock
+    holder = subprocess.Popen([sys.executable, "-c", "import h5py, sys, time; f = h5py.File(sys.argv[1], 'r+'); "
+                               "print('open', flush=True); time.sleep(30)", str(tmp_path / "a.h5")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        assert file_state(tmp_path / "a.h5").kind == "live"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert file_state(tmp_path / "a.h5").kind == "complete"
+
+
+def test_differences_treat_missing_keys_as_defaults():
+    cfg = resolve({"dataset": "synthetic", "rounds": 5}, 1, "t")
+    stored = json.loads(cfg.to_json())
+    assert differences(stored, cfg) == []
+    del stored["server_samples"]  # a file from before that setting existed
+    stored["out"] = "elsewhere.h5"  # run control never differs
+    assert differences(stored, cfg) == []
+    stored["rounds"] = 300
+    stored["sections"] = {"krum": {"m": 1}}
+    assert differences(stored, cfg) == ["rounds: 300 -> 5", "sections: {'krum': {'m': 1}} -> {}"]
+
+
+def test_plan_by_file_state(tmp_path):
+    out = tmp_path / "r.h5"
+    base = ["--dataset", "synthetic", "--rounds", "3", "--out", str(out)]
+    cfg = resolve({"dataset": "synthetic", "rounds": 3}, 1, "t")
+    assert plan(base, 1, restart=False) == base
+    assert plan([*base, "--resume"], 1, restart=False) == base
+    write_result(out, cfg, "preempted", checkpoint=True)
+    assert plan(base, 1, restart=False) == [*base, "--resume"]
+    assert plan([*base, "--overwrite"], 1, restart=False) == [*base, "--overwrite"]  # asked for a fresh start
+    assert plan([*base, "--overwrite"], 1, restart=True) == [*base, "--resume"]  # a requeued job never restarts
+    write_result(out, cfg, "running", checkpoint=False)  # killed before its first checkpoint
+    assert plan(base, 1, restart=True) == [*base, "--overwrite"]
+    write_result(out, cfg, "complete")
+    assert plan(base, 1, restart=False) is None
+    assert plan([*base, "--overwrite"], 1, restart=True) is None
+    with pytest.raises(ConfigError, match=r"^out: .* was written with other settings: rounds: 3 -> 4"):
+        plan([*base[:3], "4", *base[4:]], 1, restart=False)
+    out.write_bytes(b"junk")
+    with pytest.raises(ConfigError, match="not a readable results file"):
+        plan(base, 1, restart=False)
+
+
+def test_task_args(tmp_path):
+    (tmp_path / "tasks-x.txt").write_text("aaa\nbbb\n")
+    assert task_args(tmp_path / "tasks-x.txt", 1) == ["--config", str(tmp_path / "configs" / "bbb.toml"), "--out", str(tmp_path / "bbb.h5")]
+    with pytest.raises(ConfigError, match="index 2 outside 0..1"):
+        task_args(tmp_path / "tasks-x.txt", 2)
+
+
+@pytest.mark.parametrize("expect, ok", [("2", True), ("3", False)])
+def test_check_world_size_under_mpiexec(expect, ok):
+    if MPIEXEC is None:
+        pytest.skip("mpiexec not found")
+    env = {**mpi_env(), "FEDRING_EXPECT_RANKS": expect}
+    proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "fedring.sweep", "--check-world-size"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert (proc.returncode == 0) == ok
+    assert proc.stderr.count("MPI world size is 2 but SLURM_NTASKS=3") == (0 if ok else 2)
+
+
+def test_dry_run_lists_states_and_the_sbatch_command(tmp_path, capsys):
+    grid = tmp_path / "g.toml"
+    out = tmp_path / "out"
+    grid.write_text(f'dataset = "synthetic"\nrounds = 3\nseed = [0, 1]\n[sweep]\nranks = 2\nout_dir = "{out}"\n'
+                    'max_parallel = 4\ntime = "00:10:00"\nsbatch = ["--partition=debug"]\n')
+    sw = load_sweep(grid)
+    out.mkdir()
+    write_result(out / f"{sw.hashes[0]}.h5", sw.configs[0], "complete")
+    assert main([str(grid), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert f"{grid}: 2 configs, 2 ranks each, results in {out}/ (1 complete, 1 missing)" in text
+    assert f"0  {sw.hashes[0]}  complete  0" in text
+    assert f"1  {sw.hashes[1]}  missing   1" in text
+    assert "would submit 1 array tasks" in text
+    assert (f"sbatch --parsable --array=0-0%4 --ntasks=2 --job-name=fedring-g --output={out}/logs/%A_%a.out "
+            f"--time=00:10:00 --partition=debug {ROOT}/jobs/sweep.sbatch {out}/tasks-") in text
+    assert not (out / "configs").exists()  # a dry run writes nothing
+    # results of other settings under a config's name are refused
+    other = resolve({"dataset": "synthetic", "rounds": 4}, 2, "t")
+    write_result(out / f"{sw.hashes[1]}.h5", other, "complete")
+    assert main([str(grid)]) == 2
+    captured = capsys.readouterr()
+    assert f"{sw.hashes[1]}  conflict  1     rounds: 4 -> 3" in captured.out
+    assert "error: out_dir: results of other settings" in captured.err
+
+
+def test_local_sweep_runs_each_config_once(tmp_path):
+    grid = tmp_path / "g.toml"
+    out = tmp_path / "out"
+    grid.write_text(f'dataset = "synthetic"\nclients = 2\nrounds = 2\neval_every = 1\nseed = [0, 1]\n'
+                    f'[sweep]\nout_dir = "{out}"\n')
+    proc = subprocess.run([sys.executable, "-m", "fedring.sweep", str(grid), "--local"], capture_output=True,
+                          text=True, timeout=180, env=mpi_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sw = load_sweep(grid)
+    for cfg, h in zip(sw.configs, sw.hashes):
+        assert file_state(out / f"{h}.h5").kind == "complete"
+        written = tomllib.loads((out / "configs" / f"{h}.toml").read_text())
+        assert written == canonical(cfg) == {"clients": 2, "dataset": "synthetic", "rounds": 2, "eval_every": 1,
+                                             **({"seed": 1} if cfg.seed else {})}
+    proc = subprocess.run([sys.executable, "-m", "fedring.sweep", str(grid), "--local"], capture_output=True,
+                          text=True, timeout=60, env=mpi_env(), cwd=tmp_path)
+    assert proc.returncode == 0 and "nothing to run" in proc.stdout
