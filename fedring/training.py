@@ -61,6 +61,10 @@ class Topology:
                 self.signvote.set_byzantine(byzantine)
         else:
             params = {**cfg.section(cfg.aggregator), **{p: cfg.section(p) for p in cfg.pre_aggregators}}
+            if cfg.aggregator == "hplus":  # its base rule takes its own section, e.g. krum.variant
+                base = params.get("base", "median")
+                if cfg.section(base):
+                    params[base] = cfg.section(base)
             self.rule = make_aggregator(cfg.aggregator, f, params, pre=cfg.pre_aggregators)
             reason = self.rule.check(n)
             if reason is not None:

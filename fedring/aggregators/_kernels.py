@@ -1,7 +1,7 @@
 """Blocked kernels shared by the rules: whole-matrix passes with bounded extra memory.
 
 Pairwise rules are matrix products in disguise. One pass over the (n, d) input builds the
-n x n Gram matrix in float64 (BLAS ``syrk`` on column blocks), after which squared
+n x n Gram matrix (BLAS ``syrk`` on column blocks, summed in float64), after which squared
 distances, cosines and every iterate of a Weiszfeld-type fixed point are O(n^2) or
 O(n^3) work on small matrices: an iterate that is an affine combination ``z = w @ X`` is
 represented by its coefficients ``w`` and only materialised at the end.
@@ -13,15 +13,22 @@ against huge Byzantine norms, and integer inputs give integer-exact distances.
 Coordinate-wise rules work on column blocks transposed to (width, n) and sorted along
 their rows, which uses numpy's SIMD sort on short contiguous rows instead of strided
 selection along axis 0.
+
+Every pass splits the columns over worker threads (numpy and BLAS release the GIL) and
+needs O(n x block) extra memory per worker, never a copy of the input.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import ctypes
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-BLOCK_BYTES = 4 << 20  # float64 working block of the Gram pass
+BLOCK_BYTES = 2 << 20  # working block of the Gram pass
 SORT_BYTES = 1 << 20  # transposed block of the coordinate-wise sorts (fits in L2)
 
 
@@ -34,13 +41,93 @@ def blocks(d: int, width: int) -> Iterator[slice]:
         yield slice(s, min(d, s + width))
 
 
-def pivot_row(X: np.ndarray, sample: int = 2048) -> int:
-    """Index of the row with the least summed distance to the others on a column sample."""
+# --------------------------------------------------------------------------------------
+# parallel passes: our own worker threads, each running single-threaded BLAS
+# --------------------------------------------------------------------------------------
+
+
+def _openblas_set_local() -> Callable[[int], int] | None:
+    """OpenBLAS's per-thread ``openblas_set_num_threads_local`` (>= 0.3.27), if numpy uses OpenBLAS.
+
+    Multi-threaded OpenBLAS busy-waits; on a shared, oversubscribed machine a 64 x 64 syrk
+    then takes 100x longer. The passes below split the columns over their own threads and
+    keep BLAS at one thread inside each, which is as fast on an idle machine and robust on a
+    busy one. The caller's own threads are left alone.
+    """
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = sorted({line.split()[-1] for line in fh if "openblas" in line.lower()})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            fn = getattr(ctypes.CDLL(path), "openblas_set_num_threads_local", None)
+        except OSError:
+            continue
+        if fn is not None:
+            fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+            return fn
+    return None
+
+
+def n_workers() -> int:
+    """Threads of the blocked passes: $FEDRING_THREADS, else the CPUs this process may use."""
+    env = os.environ.get("FEDRING_THREADS")
+    if env:
+        return max(1, int(env))
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _pool_executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            set_local = _openblas_set_local()
+            _pool = ThreadPoolExecutor(
+                max_workers=n_workers(), thread_name_prefix="fedring-agg", initializer=(lambda: set_local(1)) if set_local else None
+            )
+    return _pool
+
+
+def map_blocks(task: Callable[[list[slice]], object], d: int, width: int) -> list:
+    """Run ``task(slices)`` on a partition of the column blocks into contiguous runs, in parallel.
+
+    Each task gets a run of consecutive blocks (so it can reuse one buffer) and may write
+    into disjoint column slices of shared output arrays. Returns the task results in order.
+    """
+    sls = list(blocks(d, width))
+    k = max(1, min(len(sls), 4 * n_workers()))
+    runs = [sls[i * len(sls) // k : (i + 1) * len(sls) // k] for i in range(k)]
+    return list(_pool_executor().map(task, runs))
+
+
+def map_rows(task: Callable[[range], object], n: int) -> list:
+    """Run ``task(rows)`` on a partition of range(n) into one contiguous run per worker."""
+    k = max(1, min(n, n_workers()))
+    return list(_pool_executor().map(task, [range(i * n // k, (i + 1) * n // k) for i in range(k)]))
+
+
+def pivot_row(X: np.ndarray, chunks: int = 16, width: int = 128) -> int:
+    """Index of the row with the least summed distance to the others on a column sample.
+
+    The sample is ``chunks`` runs of ``width`` contiguous columns spread evenly over d
+    (contiguous runs read whole cache lines; spread runs see every part of the model).
+    """
     n, d = X.shape
     if n <= 2:
         return 0
-    cols = np.unique(np.linspace(0, d - 1, min(d, sample)).astype(np.int64))
-    S = X[:, cols].astype(np.float64)
+    if d <= chunks * width:
+        S = X.astype(np.float64)
+    else:
+        starts = np.linspace(0, d - width, chunks).astype(np.int64)
+        S = np.concatenate([X[:, s : s + width] for s in starts], axis=1).astype(np.float64)
     S -= S[0]
     sq = np.einsum("ij,ij->i", S, S)
     D = sq[:, None] + sq[None, :] - 2.0 * (S @ S.T)
@@ -93,71 +180,99 @@ class Gram:
 
 
 def gram(X: np.ndarray, extra: np.ndarray | None = None) -> Gram:
-    """One blocked pass: the float64 Gram matrix of the rows of X (then ``extra``) around a pivot."""
+    """One blocked pass: the Gram matrix of the rows of X (then ``extra``) around a pivot.
+
+    Products run in X's precision on pivot-centred blocks and accumulate across blocks in
+    float64. For float32 input this is float32 BLAS (twice the speed of float64); centring
+    keeps the rounding proportional to the rows' distances from the pivot, so distances
+    between nearby rows keep about float32 relative accuracy whatever the outliers.
+    """
     n, d = X.shape
     k = 0 if extra is None else extra.shape[0]
     m = n + k
     p = pivot_row(X)
-    C = np.zeros((m, m))
-    h = np.zeros(m)
-    pp = 0.0
-    width = block_width(m)
-    buf = np.empty((m, width))
-    for sl in blocks(d, width):
-        B = buf[:, : sl.stop - sl.start]
-        piv = X[p, sl].astype(np.float64)
-        np.subtract(X[:, sl], piv, out=B[:n], dtype=np.float64)
-        if k:
-            np.subtract(extra[:, sl], piv, out=B[n:], dtype=np.float64)
-        C += B @ B.T
-        h += B @ piv
-        pp += float(piv @ piv)
+    wd = X.dtype
+    width = min(d, block_width(m, wd.itemsize))
+
+    def task(sls):
+        C = np.zeros((m, m))
+        h = np.zeros(m)
+        pp = 0.0
+        buf = np.empty((m, width), wd)
+        for sl in sls:
+            B = buf[:, : sl.stop - sl.start]
+            piv = X[p, sl]
+            np.subtract(X[:, sl], piv, out=B[:n])
+            if k:
+                np.subtract(extra[:, sl], piv, out=B[n:], casting="unsafe")
+            C += B @ B.T
+            h += B @ piv
+            pp += float(np.dot(piv, piv))
+        return C, h, pp
+
+    parts = map_blocks(task, d, width)
+    C = sum(c for c, _, _ in parts)
     C = 0.5 * (C + C.T)
-    return Gram(C, h, pp)
+    return Gram(C, sum(h for _, h, _ in parts), sum(pp for _, _, pp in parts))
 
 
 def combine(w: np.ndarray, X: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
-    """``w @ [X; extra]`` in X's dtype, one BLAS pass (w: (m,) or (k, m))."""
-    n = X.shape[0]
+    """``w @ [X; extra]`` in X's dtype (w: (m,) or (k, m)), one parallel BLAS pass."""
+    n, d = X.shape
     w = np.asarray(w, dtype=np.float64)
-    out = w[..., :n].astype(X.dtype) @ X
-    if extra is not None and extra.shape[0]:
-        out += w[..., n:].astype(X.dtype) @ extra.astype(X.dtype, copy=False)
+    wx = w[..., :n].astype(X.dtype)
+    we = None if extra is None or not extra.shape[0] else w[..., n:].astype(X.dtype)
+    out = np.empty(w.shape[:-1] + (d,), X.dtype)
+
+    def task(sls):
+        for sl in sls:
+            out[..., sl] = wx @ X[:, sl]
+            if we is not None:
+                out[..., sl] += we @ extra[:, sl].astype(X.dtype, copy=False)
+
+    map_blocks(task, d, block_width(n, X.itemsize, 4 * BLOCK_BYTES))
     return out
 
 
 def row_stats(X: np.ndarray, R: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Squared row norms of X and, if R (k, d) is given, the dots ``X @ R.T``; float64, one pass."""
     n, d = X.shape
-    sq = np.zeros(n)
-    dots = None if R is None else np.zeros((n, R.shape[0]))
-    for sl in blocks(d, block_width(n + (0 if R is None else R.shape[0]))):
-        B = X[:, sl].astype(np.float64)
-        sq += np.einsum("ij,ij->i", B, B)
-        if R is not None:
-            dots += B @ R[:, sl].astype(np.float64).T
-    return sq, dots
+    k = 0 if R is None else R.shape[0]
+
+    def task(sls):
+        sq = np.zeros(n)
+        dots = np.zeros((n, k))
+        for sl in sls:
+            B = X[:, sl].astype(np.float64)
+            sq += np.einsum("ij,ij->i", B, B)
+            if k:
+                dots += B @ R[:, sl].astype(np.float64).T
+        return sq, dots
+
+    parts = map_blocks(task, d, block_width(n + k))
+    sq = sum(a for a, _ in parts)
+    return sq, (sum(b for _, b in parts) if k else None)
 
 
-def sorted_columns(X: np.ndarray, absolute: bool = False, scale: np.ndarray | None = None) -> Iterator[tuple[slice, np.ndarray]]:
-    """Yield (columns, T) with ``T[j]`` = the sorted values of column j (optionally |x| * scale).
+def for_sorted_columns(X: np.ndarray, fn: Callable[[slice, np.ndarray], None], scale: np.ndarray | None = None) -> None:
+    """Call ``fn(columns, T)`` where ``T[j]`` holds the sorted values of column j, in parallel.
 
-    T is a reused (width, n) buffer: consume it before asking for the next block.
+    With ``scale`` (n,), the values sorted are ``|x_ij| * scale_i``. T is a (width, n) buffer
+    reused by the worker: ``fn`` must copy what it keeps (it writes into disjoint slices).
     """
     n, d = X.shape
-    width = block_width(n, X.itemsize, SORT_BYTES)
-    buf = np.empty((width, n), X.dtype)
-    for sl in blocks(d, width):
-        T = buf[: sl.stop - sl.start]
-        if scale is None and not absolute:
-            T[...] = X[:, sl].T
-        else:
-            src = np.abs(X[:, sl]) if absolute else X[:, sl]
-            if scale is not None:
-                src = src * scale[:, None].astype(X.dtype)
-            T[...] = src.T
-        T.sort(axis=1)
-        yield sl, T
+    width = min(d, block_width(n, X.itemsize, SORT_BYTES))
+    sc = None if scale is None else scale[:, None].astype(X.dtype)
+
+    def task(sls):
+        buf = np.empty((width, n), X.dtype)
+        for sl in sls:
+            T = buf[: sl.stop - sl.start]
+            T[...] = X[:, sl].T if sc is None else (np.abs(X[:, sl]) * sc).T
+            T.sort(axis=1)
+            fn(sl, T)
+
+    map_blocks(task, d, width)
 
 
 def lerp_quantile(lo_val: float, hi_val: float, frac: float) -> float:
@@ -173,13 +288,17 @@ def abs_row_quantiles(X: np.ndarray, q: float) -> np.ndarray:
     lo = int(np.floor(pos))
     frac = pos - lo
     out = np.empty(n)
-    buf = np.empty(d, X.dtype)
-    for i in range(n):
-        np.abs(X[i], out=buf)
-        buf.partition(lo)
-        lo_val = float(buf[lo])
-        hi_val = float(buf[lo + 1 :].min()) if frac > 0 and lo + 1 < d else lo_val
-        out[i] = lerp_quantile(lo_val, hi_val, frac)
+
+    def task(rows):
+        buf = np.empty(d, X.dtype)
+        for i in rows:
+            np.abs(X[i], out=buf)
+            buf.partition(lo)
+            lo_val = float(buf[lo])
+            hi_val = float(buf[lo + 1 :].min()) if frac > 0 and lo + 1 < d else lo_val
+            out[i] = lerp_quantile(lo_val, hi_val, frac)
+
+    map_rows(task, n)
     return out
 
 
@@ -189,14 +308,33 @@ def sign_gram(X: np.ndarray) -> np.ndarray:
     float32 BLAS on the sign block is exact: every partial sum is an integer below 2^24.
     """
     n, d = X.shape
-    width = min(block_width(n, 4), 1 << 23)
-    acc = np.zeros((n, n), np.int64)
-    buf = np.empty((n, width), np.float32)
-    for sl in blocks(d, width):
-        S = buf[:, : sl.stop - sl.start]
-        np.sign(X[:, sl], out=S, casting="unsafe")
-        acc += np.rint(S @ S.T).astype(np.int64)
-    return acc
+    width = min(d, block_width(n, 4))
+
+    def task(sls):
+        acc = np.zeros((n, n), np.int64)
+        buf = np.empty((n, width), np.float32)
+        for sl in sls:
+            S = buf[:, : sl.stop - sl.start]
+            np.sign(X[:, sl], out=S, casting="unsafe")
+            acc += np.rint(S @ S.T).astype(np.int64)
+        return acc
+
+    return sum(map_blocks(task, d, width))
+
+
+def column_count(mask: np.ndarray) -> np.ndarray:
+    """Number of True entries per column of a boolean (n, w) block (int8 view: no float casts)."""
+    return mask.view(np.int8).sum(axis=0, dtype=np.int32)
+
+
+def column_sign_sum(B: np.ndarray) -> np.ndarray:
+    """sum_i sgn(B_ij) per column, exact, as counts of positives minus negatives."""
+    return column_count(B > 0) - column_count(B < 0)
+
+
+def signs(B: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """sgn(B) as a float matrix, from two comparisons (faster than np.sign)."""
+    return ((B > 0).view(np.int8) - (B < 0).view(np.int8)).astype(dtype)
 
 
 def fixed_point(G: Gram, n: int, w0: np.ndarray, weights, iters: int, tol: float) -> tuple[np.ndarray, np.ndarray]:

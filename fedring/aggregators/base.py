@@ -136,7 +136,8 @@ class Aggregator:
         allowed = cls.param_names()
         for k in params:
             if k not in allowed:
-                raise ConfigError(f"{key or cls.name}.{k}", f"unknown parameter of {cls.name}; allowed: {', '.join(allowed) or '(none)'}")
+                allowed_text = ", ".join(allowed) or "(none)"
+                raise ConfigError(f"{key or cls.name}.{k}", f"unknown parameter of {cls.name}; allowed: {allowed_text}")
 
     @classmethod
     def from_params(cls, f: int, params: dict | None, key: str | None = None) -> "Aggregator":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._kernels import gram, sorted_columns
+from ._kernels import for_sorted_columns, gram
 from .base import AggregateResult, Aggregator, register
 from .krum import krum_scores
 
@@ -57,12 +57,15 @@ class Bulyan(Aggregator):
         out = np.empty(d, X.dtype)
         lo, hi = (theta - 1) // 2, theta // 2
         starts = np.arange(theta - beta + 1)
-        for sl, T in sorted_columns(S):
+
+        def fn(sl, T):
             med = 0.5 * (T[:, lo] + T[:, hi])
             # window [s, s + beta): its farthest member from the median decides how close it is
             reach = np.maximum(med[:, None] - T[:, starts], T[:, starts + beta - 1] - med[:, None])
             window = reach.argmin(axis=1)[:, None] + np.arange(beta)
             out[sl] = np.take_along_axis(T, window, axis=1).sum(axis=1) / beta
+
+        for_sorted_columns(S, fn)
         selected = np.zeros(n)
         selected[chosen] = 1.0
         return AggregateResult(out, selected)

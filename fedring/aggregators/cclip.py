@@ -84,7 +84,7 @@ class CenteredClipping(Aggregator):
         w[n] = 1.0  # v = previous aggregate
         client_factor = np.ones(n)
         if self.bucketing == "sequential":
-            w = self._sequential(G, n, w, client_factor, rng)
+            w = self._sequential(G, n, w, client_factor, rng, float(np.linalg.norm(center)))
         else:
             if self.bucketing == "random":
                 perm = rng.permutation(n)
@@ -103,12 +103,11 @@ class CenteredClipping(Aggregator):
         state["center"][...] = out
         return AggregateResult(out, client_factor)
 
-    def _sequential(self, G, n, w, client_factor, rng):
+    def _sequential(self, G, n, w, client_factor, rng, prev_norm):
         S = self.bucket_size
         R = math.ceil(n / S)
-        inner = G.inner()
-        prev_norm = math.sqrt(max(inner[n, n], 0.0))
         if prev_norm > 0:
+            inner = G.inner()
             norms = np.sqrt(np.maximum(np.diag(inner)[:n], 0.0))
             cos = inner[:n, n] / (np.where(norms > 0, norms, 1.0) * prev_norm)
             order = np.argsort(cos, kind="stable")

@@ -8,7 +8,7 @@ import numpy as np
 
 from fedring.errors import ConfigError
 
-from ._kernels import sorted_columns
+from ._kernels import for_sorted_columns
 from .base import AggregateResult, Aggregator, check_choice, check_float, check_int, register
 
 
@@ -61,11 +61,12 @@ class Median(Aggregator):
         n, d = X.shape
         out = np.empty(d, X.dtype)
         lo, hi = (n - 1) // 2, n // 2
-        for sl, T in sorted_columns(X):
-            if self.variant == "lower" or lo == hi:
-                out[sl] = T[:, lo]
-            else:
-                out[sl] = 0.5 * (T[:, lo] + T[:, hi])
+        lower = self.variant == "lower" or lo == hi
+
+        def fn(sl, T):
+            out[sl] = T[:, lo] if lower else 0.5 * (T[:, lo] + T[:, hi])
+
+        for_sorted_columns(X, fn)
         return AggregateResult(out)
 
 
@@ -117,6 +118,9 @@ class TrimmedMean(Aggregator):
         if b == 0:
             return AggregateResult(X.mean(axis=0))
         out = np.empty(d, X.dtype)
-        for sl, T in sorted_columns(X):
+
+        def fn(sl, T):
             out[sl] = T[:, b : n - b].sum(axis=1) / (n - 2 * b)
+
+        for_sorted_columns(X, fn)
         return AggregateResult(out)

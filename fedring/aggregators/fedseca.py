@@ -7,7 +7,7 @@ import numpy as np
 
 from fedring.errors import ConfigError
 
-from ._kernels import abs_row_quantiles, block_width, blocks, row_stats, sign_gram, SORT_BYTES
+from ._kernels import SORT_BYTES, abs_row_quantiles, block_width, column_count, map_blocks, row_stats, sign_gram, signs
 from .base import AggregateResult, Aggregator, check_bool, check_choice, check_float, register
 
 # Table 1 of the paper: row -> switch settings (spec 2.7)
@@ -118,20 +118,22 @@ class FedSECA(Aggregator):
     ):
         super().__init__(f)
         self.ablation = check_choice("fedseca.ablation", ablation, tuple(ABLATIONS))
-        preset = {"gamma": 0.9, "beta": 0.5, "rho": True, "coordwise": True, "crise": True, "vrs": True, "clip": True, "clamp": True}
-        preset.update(ABLATIONS[ablation])
-        given = {"gamma": gamma, "beta": beta, "rho": rho, "coordwise": coordwise, "crise": crise, "vrs": vrs, "clip": clip, "clamp": clamp}
+        switches = ("rho", "coordwise", "crise", "vrs", "clip", "clamp")
+        preset = {"gamma": 0.9, "beta": 0.5, **dict.fromkeys(switches, True), **ABLATIONS[ablation]}
+        given = dict(gamma=gamma, beta=beta, rho=rho, coordwise=coordwise, crise=crise, vrs=vrs, clip=clip, clamp=clamp)
         cfg = {k: (preset[k] if v is None else v) for k, v in given.items()}
         self.gamma = check_float("fedseca.gamma", cfg["gamma"], 0.0, 1.0, hi_open=True)
         self.beta = check_float("fedseca.beta", cfg["beta"], 0.0, 1.0, hi_open=True)
-        for k in ("rho", "coordwise", "crise", "vrs", "clip", "clamp"):
+        for k in switches:
             setattr(self, k, check_bool(f"fedseca.{k}", cfg[k]))
         self.clamp_source = check_choice("fedseca.clamp_source", clamp_source, ("raw", "clipped"))
         self.election_source = check_choice("fedseca.election_source", election_source, ("raw", "vrs"))
         self.sparsify = check_choice("fedseca.sparsify", sparsify, (">=", ">"))
         self.median = check_choice("fedseca.median", median, ("lower", "average"))
         if not self.crise and not self.coordwise:
-            raise ConfigError("fedseca.coordwise", "coordwise=false (rho-weighted mean) needs crise=true; crise=false already averages every client")
+            raise ConfigError(
+                "fedseca.coordwise", "coordwise=false (rho-weighted mean) needs crise=true; crise=false already averages every client"
+            )
 
     def init_state(self, n, d):
         return {"momentum": np.zeros(d)}
@@ -140,6 +142,33 @@ class FedSECA(Aggregator):
         n = T.shape[1]
         lo, hi = (n - 1) // 2, n // 2
         return T[:, lo] if self.median == "lower" or lo == hi else 0.5 * (T[:, lo] + T[:, hi])
+
+    def _block(self, B: np.ndarray, cf: np.ndarray, lam: np.ndarray | None, votes: np.ndarray) -> np.ndarray:
+        """RoCA and the election (Eqs. 6-10) on one column block B of the raw gradients."""
+        n = B.shape[0]
+        if self.vrs:
+            A = np.abs(B)
+            if self.clamp:
+                T = np.ascontiguousarray((A * cf).T)  # mu^j: median over clients of the clipped magnitudes (Eq. 9)
+                T.sort(axis=1)
+                mu = self._median(T)
+                V = np.minimum(np.maximum(B * cf if self.clamp_source == "clipped" else B, -mu), mu)
+            else:
+                V = B * cf if self.clamp_source == "clipped" else B.copy()
+            if lam is not None:
+                V *= (A >= lam) if self.sparsify == ">=" else (A > lam)
+        else:
+            V = B
+        if not self.crise:
+            return V.sum(axis=0) / n
+        if not self.coordwise:
+            total = votes.sum()
+            return (votes @ V) / total if total > 0 else np.zeros(B.shape[1], B.dtype)
+        s = np.sign(votes @ signs(B if self.election_source == "raw" else V, B.dtype))
+        agree = (V * s) > 0
+        den = column_count(agree)
+        num = (V * agree).sum(axis=0)
+        return np.divide(num, den, out=np.zeros(len(den), B.dtype), where=den > 0)
 
     def _aggregate(self, X, state, reference, rng):
         n, d = X.shape
@@ -157,35 +186,12 @@ class FedSECA(Aggregator):
         cf = clip_factor[:, None].astype(dt)
         votes_t = votes.astype(dt)
         g_tilde = np.empty(d, dt)
-        for sl in blocks(d, block_width(n, X.itemsize, SORT_BYTES)):
-            B = X[:, sl]
-            if self.vrs:
-                A = np.abs(B)
-                if self.clamp:
-                    # mu^j: median over clients of the clipped magnitudes (Eq. 9)
-                    T = (A * cf).T.copy()
-                    T.sort(axis=1)
-                    mu = self._median(T)
-                    base = B * cf if self.clamp_source == "clipped" else B
-                    V = np.clip(base, -mu, mu)
-                else:
-                    V = B * cf if self.clamp_source == "clipped" else B.copy()
-                if sparsifying:
-                    V[(A < lam) if self.sparsify == ">=" else (A <= lam)] = 0
-            else:
-                V = B
-            if not self.crise:
-                g_tilde[sl] = V.sum(axis=0) / n
-                continue
-            if not self.coordwise:
-                total = votes.sum()
-                g_tilde[sl] = (votes_t @ V) / total if total > 0 else 0
-                continue
-            s = np.sign(votes_t @ np.sign(B if self.election_source == "raw" else V))
-            agree = (V * s) > 0
-            den = agree.sum(axis=0)
-            num = np.where(agree, V, 0).sum(axis=0)
-            g_tilde[sl] = np.divide(num, den, out=np.zeros(len(den), dt), where=den > 0)
+
+        def task(sls):
+            for sl in sls:
+                g_tilde[sl] = self._block(X[:, sl], cf, lam, votes_t)
+
+        map_blocks(task, d, block_width(n, X.itemsize, SORT_BYTES))
         mom = state["momentum"]
         mom *= self.beta
         mom += (1.0 - self.beta) * g_tilde

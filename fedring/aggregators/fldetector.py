@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._kernels import block_width, blocks, combine, gram
+from ._kernels import block_width, combine, gram, map_blocks
 from .base import AggregateResult, Aggregator, check_int, register
 
 
@@ -158,14 +158,20 @@ class FLDetector(Aggregator):
         """||prev_i + Hv - x_i|| for every client; copies X into ``prev`` in the same pass."""
         n, d = X.shape
         A, prev = state["aggs"], state["prev"]
-        sq = np.zeros(n)
-        for sl in blocks(d, block_width(n, 8)):
-            B = prev[:, sl].astype(np.float64)
-            B += c @ A[rows, sl].astype(np.float64)
-            B -= X[:, sl]
-            sq += np.einsum("ij,ij->i", B, B)
-            prev[:, sl] = X[:, sl]
-        return np.sqrt(sq)
+        dt = np.promote_types(prev.dtype, X.dtype)
+        coef = np.zeros(A.shape[0], dt)
+        np.add.at(coef, rows, c)  # H v = coef @ A, straight from the ring buffer
+
+        def task(sls):
+            sq = np.zeros(n)
+            for sl in sls:
+                B = prev[:, sl] + (coef @ A[:, sl]).astype(dt)
+                B -= X[:, sl]
+                sq += np.einsum("ij,ij->i", B, B)
+                prev[:, sl] = X[:, sl]
+            return sq
+
+        return np.sqrt(sum(map_blocks(task, d, block_width(n, 8))))
 
     def _aggregate(self, X, state, reference, rng):
         n, d = X.shape

@@ -16,8 +16,9 @@ class FLTrust(Aggregator):
         TS_m = \mathrm{ReLU}(\cos(g_m, g_0)), \quad \bar g_m = \frac{\|g_0\|}{\|g_m\|} g_m, \quad
         \mathrm{FLTrust} = \frac{\sum_m TS_m \bar g_m}{\sum_m TS_m}
 
-    (zero vector when every trust score is 0; zero uploads get TS = 0). The size of the
-    clean set is a setting of the training loop, which computes ``reference``.
+    (zero vector when every trust score is 0; zero uploads get TS = 0). The training loop
+    computes ``reference`` on the server's clean set (its size is the ``server_samples``
+    setting; FLTrust's root data set has 100 samples).
 
     selected: the trust scores TS_m.
 

@@ -50,7 +50,7 @@ class HPlus(Aggregator):
     - ``mode="base"``: g = AGG(g_1..g_M) with the rule ``base`` (any registered rule except
       hplus; its state is H+'s state). "H+Median", "H+Krum", ...
     - ``mode="clean"``: g = the server's gradient on its clean data, passed as ``reference``
-      ("H+Clean data"; the loop sets the clean set's size).
+      ("H+Clean data"; the clean set's size is the loop's ``server_samples``).
 
     If the intersection is empty the round returns the reference vector (spec A8) and every
     client's ``selected`` is 0.

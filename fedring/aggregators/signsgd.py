@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ._kernels import block_width, blocks
+from ._kernels import block_width, column_sign_sum, map_blocks
 from .base import AggregateResult, Aggregator, check_int, register
 
 
@@ -14,8 +14,12 @@ def sign_sum(X: np.ndarray) -> np.ndarray:
     """S = sum_i sgn(x_i), exact (integer-valued, in X's dtype)."""
     n, d = X.shape
     S = np.empty(d, X.dtype)
-    for sl in blocks(d, block_width(n, X.itemsize)):
-        S[sl] = np.sign(X[:, sl]).sum(axis=0)
+
+    def task(sls):
+        for sl in sls:
+            S[sl] = column_sign_sum(X[:, sl])
+
+    map_blocks(task, d, block_width(n, X.itemsize))
     return S
 
 

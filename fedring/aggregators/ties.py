@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._kernels import abs_row_quantiles, block_width, blocks
+from ._kernels import abs_row_quantiles, block_width, column_count, column_sign_sum, map_blocks
 from .base import AggregateResult, Aggregator, check_choice, check_float, register
 
 
@@ -48,12 +48,16 @@ class RTiesMerge(Aggregator):
         n, d = X.shape
         lam = abs_row_quantiles(X, self.gamma)[:, None].astype(X.dtype)
         out = np.empty(d, X.dtype)
-        for sl in blocks(d, block_width(n, X.itemsize)):
-            B = X[:, sl]
-            V = np.where(np.abs(B) > lam, B, 0)
-            u = np.sign(np.sign(B).sum(axis=0) if self.election == "sign" else V.sum(axis=0))
-            keep = (V * u) > 0
-            num = np.where(keep, V, 0).sum(axis=0)
-            den = keep.sum(axis=0)
-            out[sl] = np.divide(num, den, out=np.zeros(len(num), X.dtype), where=den > 0)
+
+        def task(sls):
+            for sl in sls:
+                B = X[:, sl]
+                V = B * (np.abs(B) > lam)  # multiplying by the mask beats np.where on random masks
+                u = np.sign(column_sign_sum(B) if self.election == "sign" else V.sum(axis=0)).astype(X.dtype)
+                keep = (V * u) > 0
+                num = (V * keep).sum(axis=0)
+                den = column_count(keep)
+                out[sl] = np.divide(num, den, out=np.zeros(len(num), X.dtype), where=den > 0)
+
+        map_blocks(task, d, block_width(n, X.itemsize))
         return AggregateResult(out)

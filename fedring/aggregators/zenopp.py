@@ -27,6 +27,8 @@ class ZenoPP(Aggregator):
     eps : float
         Tolerance (0.1).
 
+    ``reference`` is the server's gradient on its clean set (``server_samples``).
+
     Neither the H+ paper nor its spec gives rho and eps for Zeno++; these defaults accept a
     rescaled upload when cos(g_m, v) >= rho / gamma - eps / ||v||^2.
 
