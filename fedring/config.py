@@ -211,6 +211,11 @@ def byzantine_count(cfg: Config) -> int:
     return int(round(cfg.byzantine * cfg.clients)) if cfg.byzantine < 1 else int(cfg.byzantine)
 
 
+def defence_f(cfg: Config) -> int:
+    """The Byzantine count the defence is told: ``declared_f``, else the actual count."""
+    return byzantine_count(cfg) if cfg.declared_f is None else cfg.declared_f
+
+
 #: Settings that steer a run without changing its results; --resume ignores them.
 RUN_CONTROL = ("out", "overwrite", "resume", "quiet", "checkpoint_every")
 

@@ -24,7 +24,7 @@ from .aggregators import make_aggregator
 from .attacks import AttackContext, Backdoor, DataAttack, make_attack
 from .brace import RING_RULES, SignVote
 from .comm import Network, Layout
-from .config import Config, byzantine_count, config_differences
+from .config import Config, byzantine_count, config_differences, defence_f
 from .data import FederatedData, Shard
 from .errors import ConfigError
 from .models import flat_grad_into, flatten, load_flat, make_model
@@ -32,7 +32,7 @@ from .results import ResultsFile
 from .ring import ring_allreduce
 from .runtime import Guard, StopRequest
 
-STREAM_BATCH, STREAM_POISON, STREAM_ATTACK, STREAM_AGGREGATOR, STREAM_SERVER = 1, 2, 3, 4, 5
+STREAM_BATCH, STREAM_POISON, STREAM_ATTACK, STREAM_AGGREGATOR = 1, 2, 3, 4
 EVAL_BATCH = 500
 #: exit code of a run stopped by SIGTERM/SIGUSR1 after checkpointing (EX_TEMPFAIL): requeue it
 EXIT_PREEMPTED = 75
@@ -51,7 +51,7 @@ class Topology:
 
     def __init__(self, cfg: Config, net: Network, byzantine: np.ndarray, d: int):
         self.cfg, self.net, self.d = cfg, net, d
-        n, f = cfg.clients, cfg.declared_f if cfg.declared_f is not None else len(byzantine)
+        n, f = cfg.clients, defence_f(cfg)
         self.signvote = self.rule = None
         self.state: dict[str, np.ndarray] = {}
         self.selected = None
@@ -111,7 +111,7 @@ class Adversary:
         self.byzantine = byzantine
         self.is_byzantine = np.zeros(cfg.clients, bool)
         self.is_byzantine[byzantine] = True
-        self.f = cfg.declared_f if cfg.declared_f is not None else len(byzantine)
+        self.f = defence_f(cfg)
         self.attack = make_attack(cfg.attack, cfg.section("attack"), n_clients=cfg.clients)
         if self.attack is not None and self.attack.kind == "model":
             self.attack.check(cfg.clients, len(byzantine), self.f)
@@ -190,7 +190,7 @@ class Trainer:
                 g = f["checkpoint"]
                 ckpt = {
                     "w": g["w"][:],
-                    "state": {k[len("state_"):]: g[k][:] for k in g if k.startswith("state_")},
+                    "state": {k[len("state_"):]: np.array(g[k]) for k in g if k.startswith("state_")},
                     **{k: g.attrs[k].item() for k in g.attrs},
                 }
         ckpt = self.comm.bcast(ckpt, root=0)
