@@ -8,11 +8,12 @@ job=$!
 peak=0
 while kill -0 "$job" 2>/dev/null; do
   total=0
+  ranks=0
   for pid in $(pgrep -f "python.* -m fedring" || true); do
     pss=$(awk '/^Pss:/ {print $2}' "/proc/$pid/smaps_rollup" 2>/dev/null || echo 0)
     total=$((total + ${pss:-0}))
+    ranks=$((ranks + 1))
   done
-  ranks=$(pgrep -fc "python.* -m fedring" || true)
   if [ "$total" -gt "$peak" ]; then peak=$total; peak_ranks=$ranks; fi
   sleep 0.5
 done

@@ -108,7 +108,7 @@ HEADLINE = {
     "ring-all-reduce": ["--aggregator", "mean", "--lr", "0.1", "--out", "results/headline-ring-all-reduce.h5"],
     "BRACE": ["--aggregator", "brace", "--lr", "0.003", "--out", "results/headline-brace.h5"],
 }
-HEADLINE_COMMON = ["--attack", "gaussian", "--byzantine", "0.2", "--rounds", "1000", "--eval-every", "100"]
+HEADLINE_COMMON = ["--attack", "gaussian", "--byzantine", "0.2", "--rounds", "2500", "--eval-every", "250"]
 
 
 def headline() -> int:
