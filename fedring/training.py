@@ -366,6 +366,7 @@ def train(tr: Trainer, guard: Guard, stop: StopRequest) -> int:
         client_bytes, server_bytes = tr.net.gather_ledger()
         extra_metrics = tr.topology.signvote.round_metrics() if tr.topology.signvote else {}
         rows = tr.topology.signvote.round_rows() if tr.topology.signvote else {}
+        rows.update({f"brace/{name}": value for name, value in extra_metrics.items()})  # every round
         evaluated = rnd % cfg.eval_every == 0 or rnd == cfg.rounds
         scores = tr.evaluate() if evaluated else {}
         train_loss = tr.mean_batch_loss() if evaluated else None

@@ -60,12 +60,17 @@ def test_resume_after_crash_is_bit_exact(tmp_path, reference, crash_round):
     assert snapshot(out) == reference
 
 
-@pytest.mark.parametrize("rule", ["cclip", "fldetector"])
+@pytest.mark.parametrize("rule", [
+    ["--topology", "server", "--aggregator", "cclip"],
+    ["--topology", "server", "--aggregator", "fldetector"],
+    ["--aggregator", "brace", "--byzantine", "2", "--set", "brace.relay_attack=flip", "--set", "brace.check=on"],
+])
 def test_resume_keeps_the_aggregator_state(tmp_path, rule):
-    """Stateful server rules (previous aggregate, FL-Detector's history) resume exactly."""
+    """Stateful server rules (previous aggregate, FL-Detector's history) and BRACE's per-round
+    relay draws and rows resume exactly."""
     script = tmp_path / "crash.py"
     script.write_text(CRASH)
-    settings = [*RUN, "--topology", "server", "--aggregator", rule, "--clients", "6"]
+    settings = [*RUN, *rule, "--clients", "6"]
     ref, out = tmp_path / "ref.h5", tmp_path / "run.h5"
     fedring(2, *settings, "--out", str(ref))
     proc = run_mpi(2, [str(script), "5", *settings, "--out", str(out)], check=False)
