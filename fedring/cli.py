@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from mpi4py import MPI
@@ -42,7 +43,7 @@ def run_parser() -> ArgumentParser:
     add = p.add_argument
     add("--config", metavar="FILE.toml", help="settings file (keys as below, sections as [name])")
     add("--set", action="append", default=[], metavar="KEY=VALUE", help="any setting, e.g. rounds=5 or krum.variant=byzfl")
-    add("--topology", choices=None, help="ring | server (default ring)")
+    add("--topology", help="ring | server (default ring)")
     add("--aggregator", help="aggregation rule (default mean)")
     add("--pre-aggregators", dest="pre_aggregators", metavar="A,B", help="pre-aggregators in front of a server rule: nnm, bucketing, clipping")
     add("--byzantine", type=float, metavar="X", help="Byzantine clients: a fraction (< 1) or a count (default 0)")
@@ -116,11 +117,15 @@ def headline() -> int:
     import h5py
 
     comm = MPI.COMM_WORLD
+    existing = [args[-1] for args in HEADLINE.values() if os.path.exists(args[-1])]
+    clash = f"{', '.join(existing)} exist(s) from an earlier run: delete them to run the headline again"
+    agree_on_config_error(comm, ConfigError("out", clash) if existing else None)
     for name, args in HEADLINE.items():
         if comm.rank == 0:
             print(f"== {name}: 20% of the clients are Byzantine and send Gaussian noise (sigma 200)", flush=True)
-        lam = ["--set", f"brace.lambda={0.05 * comm.size:g}"] if "brace" in args else []
-        code = run([*HEADLINE_COMMON, *args, *lam])
+        clients = max(comm.size, 5)  # one Byzantine client at least, also on one or two ranks
+        lam = ["--set", f"brace.lambda={0.05 * clients:g}"] if "brace" in args else []
+        code = run([*HEADLINE_COMMON, *args, *lam, "--clients", str(clients)])
         if code != 0:
             return code
     if comm.rank == 0:

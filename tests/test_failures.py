@@ -92,3 +92,19 @@ def test_exception_on_any_rank_ends_job_with_traceback(tmp_path, failing_rank):
     with h5py.File(out, "r") as f:  # readable, every completed round kept
         assert f.attrs["status"] == "failed"
         assert f["metrics/round"][:].tolist() == [1, 2]
+
+
+def test_headline_refuses_to_replace_earlier_results(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import mpi_env
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "headline-brace.h5").write_bytes(b"earlier")
+    proc = subprocess.run([sys.executable, "-m", "fedring"], cwd=tmp_path, env=mpi_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "out: results/headline-brace.h5 exist(s) from an earlier run" in proc.stderr
+    assert (tmp_path / "results" / "headline-brace.h5").read_bytes() == b"earlier"
+    assert not (tmp_path / "results" / "headline-ring-all-reduce.h5").exists()
