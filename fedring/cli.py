@@ -120,10 +120,10 @@ def headline() -> int:
     existing = [args[-1] for args in HEADLINE.values() if os.path.exists(args[-1])]
     clash = f"{', '.join(existing)} exist(s) from an earlier run: delete them to run the headline again"
     agree_on_config_error(comm, ConfigError("out", clash) if existing else None)
+    clients = max(comm.size, 5)  # one Byzantine client at least, also on one or two ranks
     for name, args in HEADLINE.items():
         if comm.rank == 0:
             print(f"== {name}: 20% of the clients are Byzantine and send Gaussian noise (sigma 200)", flush=True)
-        clients = max(comm.size, 5)  # one Byzantine client at least, also on one or two ranks
         lam = ["--set", f"brace.lambda={0.05 * clients:g}"] if "brace" in args else []
         code = run([*HEADLINE_COMMON, *args, *lam, "--clients", str(clients)])
         if code != 0:

@@ -70,9 +70,10 @@ class Layout:
     def local_clients(self) -> range:
         return range(self.lo, self.hi)
 
-    def owner(self, client: int) -> int:
-        """Rank hosting ``client``."""
-        return int(np.searchsorted(self.bounds, client, side="right") - 1)
+    def owner(self, client):
+        """Rank hosting ``client`` (an int, or an array of client ids -> an array of ranks)."""
+        ranks = np.searchsorted(self.bounds, client, side="right") - 1
+        return int(ranks) if np.ndim(ranks) == 0 else ranks
 
 
 class Ledger:
@@ -218,7 +219,7 @@ class Network:
         Returns, on every rank, the rows addressed to the clients it hosts, in client order.
         """
         lay = self.layout
-        owners = np.searchsorted(lay.bounds, clients, side="right") - 1
+        owners = lay.owner(clients)
         mine = np.flatnonzero(owners == lay.rank)
         if lay.rank == 0:
             rows = np.ascontiguousarray(rows, dtype=dtype)

@@ -223,10 +223,15 @@ RUN_CONTROL = ("out", "overwrite", "resume", "quiet", "checkpoint_every")
 def config_differences(stored: dict, current: dict) -> list[str]:
     """``key: stored -> current`` for every result-changing setting that differs.
 
-    A key missing from the stored config (written before the setting existed) counts as
-    its default.
+    A key missing on one side counts as its default (files written before a setting
+    existed stay valid), and an empty section is no section.
     """
-    defaults = json.loads(Config().to_json())
-    stored = {**defaults, **stored}
-    keys = sorted((set(stored) | set(current)) - set(RUN_CONTROL))
-    return [f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in keys if stored.get(k) != current.get(k)]
+    defaults = dataclasses.asdict(Config())
+    out = []
+    for key in sorted((set(stored) | set(current)) - set(RUN_CONTROL)):
+        a, b = stored.get(key, defaults.get(key)), current.get(key, defaults.get(key))
+        if key == "sections":
+            a, b = ({k: v for k, v in (x or {}).items() if v} for x in (a, b))
+        if a != b:
+            out.append(f"{key}: {a!r} -> {b!r}")
+    return out

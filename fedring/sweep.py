@@ -83,7 +83,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import FIELDS, RUN_CONTROL, Config, load_toml, merge, parse_value, validate
+from .config import FIELDS, RUN_CONTROL, Config, config_differences, load_toml, merge, parse_value, validate
 from .errors import ConfigError
 
 JOBS_DIR = Path(__file__).resolve().parents[1] / "jobs"
@@ -348,18 +348,8 @@ def file_state(path: str | Path) -> FileState:
 
 
 def differences(stored: dict, cfg: Config) -> list[str]:
-    """``key: stored -> current`` for result-changing settings that differ; a key missing on one
-    side counts as fedring's default (files from before a setting existed stay valid)."""
-    current = dataclasses.asdict(cfg)
-    out = []
-    for key in sorted((set(stored) | set(current)) - set(RUN_CONTROL)):
-        default = getattr(DEFAULTS, key, None) if key != "sections" else {}
-        a, b = stored.get(key, default), current.get(key, default)
-        if key == "sections":
-            a, b = ({k: v for k, v in (x or {}).items() if v} for x in (a, b))
-        if a != b:
-            out.append(f"{key}: {a!r} -> {b!r}")
-    return out
+    """``key: stored -> current`` for result-changing settings that differ (see config_differences)."""
+    return config_differences(stored, dataclasses.asdict(cfg))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,6 +38,11 @@ EVAL_BATCH = 500
 EXIT_PREEMPTED = 75
 
 
+def client_rng(seed: int, client: int, t: int, stream: int) -> np.random.Generator:
+    """The generator of one client's draws of one kind (``stream``) in round ``t``."""
+    return np.random.default_rng([seed, client, t, stream])
+
+
 def byzantine_clients(cfg: Config) -> np.ndarray:
     """Sorted ids of the clients that attack: drawn from the seed, or the first ones."""
     count = byzantine_count(cfg)
@@ -133,7 +138,7 @@ class Adversary:
         local = [k for k, c in enumerate(lay.local_clients) if self.is_byzantine[c]]
         if self.attack.knowledge == "own":
             for k in local:
-                rng = np.random.default_rng([self.cfg.seed, lay.lo + k, t, STREAM_ATTACK])
+                rng = client_rng(self.cfg.seed, lay.lo + k, t, STREAM_ATTACK)
                 grads[k] = self.attack(grads[k : k + 1], None, self.context(rng, t))[0]
             return
         everyone = self.net.gather_to_server(grads, "adversary")
@@ -222,8 +227,8 @@ class Trainer:
         client under a data attack trains on poisoned batches, and scales its result.
         """
         client = self.layout.lo + k
-        rng = self.client_rng(client, t, STREAM_BATCH)
-        poison_rng = self.client_rng(client, t, STREAM_POISON)
+        rng = client_rng(self.cfg.seed, client, t, STREAM_BATCH)
+        poison_rng = client_rng(self.cfg.seed, client, t, STREAM_POISON)
         shard = self.data.shards[k]
         poisons = self.adversary.poisons(client)
         first_loss = 0.0
@@ -246,9 +251,6 @@ class Trainer:
         if poisons and self.adversary.data_attack.scale != 1:
             out *= np.float32(self.adversary.data_attack.scale)
         return first_loss
-
-    def client_rng(self, client: int, t: int, stream: int) -> np.random.Generator:
-        return np.random.default_rng([self.cfg.seed, client, t, stream])
 
     def reference_gradient(self) -> np.ndarray | None:
         """The server's gradient on its small clean data set (FLTrust, Zeno++), on rank 0."""
