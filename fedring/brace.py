@@ -316,6 +316,7 @@ class SignVote:
         self.dtype = count_dtype(n_clients)
         self.round = 0
         self.d = 0
+        self._signs = (0, 0)
         self._stats = np.zeros(n_clients + 3, np.int64)
         self._buffers: dict[str, np.ndarray] = {}
 
@@ -433,7 +434,9 @@ class SignVote:
         self.round += 1
         # Into grads[0] (consumed by now): a fresh d-vector would cost a page fault per 4 KiB.
         reuse = grads.dtype == np.float32 and grads[0].flags.c_contiguous and grads.flags.writeable
-        return packing.decode(row, grads[0] if reuse else None)
+        update = packing.decode(row, grads[0] if reuse else None)
+        self._signs = (int(np.count_nonzero(update > 0)), int(np.count_nonzero(update < 0)))
+        return update
 
     def _scratch(self, name: str, shape: tuple, dtype) -> np.ndarray:
         """A work buffer kept across rounds (never handed out)."""
@@ -497,9 +500,14 @@ class SignVote:
     def round_metrics(self) -> dict[str, float | int]:
         """Scalars of the last round (valid on rank 0): the paper's cost formula, detections, tampering."""
         n, d = self.n_clients, self.d
+        plus, minus = self._signs
         out: dict[str, float | int] = {
             "paper_formula_bytes": paper_bytes(n, d),
             "rar_formula_bytes": 2 * 32 * d * (n - 1) / n / 8,
+            # the drift diagnostic: eq. (1) sends every weakly agreed coordinate to -1
+            "plus_fraction": plus / max(d, 1),
+            "minus_fraction": minus / max(d, 1),
+            "zero_fraction": (d - plus - minus) / max(d, 1),
         }
         if self.check:
             out["integrity_detections"] = int(self._stats[:n].sum())

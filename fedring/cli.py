@@ -56,6 +56,7 @@ def run_parser() -> ArgumentParser:
     add("--noniid", type=float, metavar="X", help="Fang's degree q (default 0.5) or Dirichlet alpha")
     add("--rounds", type=int, metavar="R")
     add("--lr", type=float)
+    add("--lr-schedule", dest="lr_schedule", help="constant | step | invsqrt | cosine (default constant); parameters as step.KEY ...")
     add("--batch-size", dest="batch_size", type=int)
     add("--local-steps", dest="local_steps", type=int)
     add("--seed", type=int, metavar="S")

@@ -42,6 +42,7 @@ class Config:
     model: str = "cnn"
     rounds: int = 2000
     lr: float = 0.1
+    lr_schedule: str = "constant"
     batch_size: int = 32
     local_steps: int = 1
     seed: int = 0
@@ -166,6 +167,10 @@ def validate(cfg: Config, world_size: int) -> Config:
     positive("seed", 0)
     if not cfg.lr > 0:
         raise ConfigError("lr", f"must be > 0, got {cfg.lr}")
+    from .schedules import SCHEDULES, make_schedule
+
+    choice("lr_schedule", tuple(SCHEDULES))
+    make_schedule(cfg.lr_schedule, cfg.section(cfg.lr_schedule))
     if cfg.partition == "fang" and not 0.0 <= cfg.noniid <= 1.0:
         raise ConfigError("noniid", f"Fang's degree q must be in [0, 1], got {cfg.noniid}")
     if cfg.partition == "dirichlet" and not cfg.noniid > 0:
@@ -200,7 +205,9 @@ def check_names(cfg: Config) -> None:
         raise ConfigError("attack", f"unknown attack {cfg.attack!r}; allowed: none, {', '.join(ATTACKS)}")
     if cfg.attack != "none" and byzantine_count(cfg) == 0:
         raise ConfigError("byzantine", f"--attack {cfg.attack} needs Byzantine clients: set --byzantine")
-    known = {*AGGREGATORS, *PRE_AGGREGATORS, *RING_RULES, "attack"}
+    from .schedules import SCHEDULES
+
+    known = {*AGGREGATORS, *PRE_AGGREGATORS, *RING_RULES, *(s for s in SCHEDULES if s != "constant"), "attack"}
     for section in cfg.sections:
         if section not in known:
             raise ConfigError(section, f"unknown settings section; allowed: {', '.join(sorted(known))}")

@@ -79,6 +79,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -527,20 +528,44 @@ def submit(sweep: Sweep, pending: list[int], jobs_dir: Path, dry_run: bool) -> i
 
 
 def run_local(sweep: Sweep, pending: list[int]) -> int:
-    """Run the pending configs one after another on this machine (``mpiexec -n ranks``)."""
+    """Run the pending configs here (``mpiexec -n ranks``), ``max_parallel`` at a time (default 1).
+
+    With one at a time the runs print to this terminal; with more, each run's output goes to
+    ``logs/local-<hash>.out`` and a line is printed as each starts and ends.
+    """
     _write_configs(sweep)
     launch = [] if sweep.settings.ranks == 1 else [shutil.which("mpiexec") or "mpiexec", "-n", str(sweep.settings.ranks)]
+    parallel = sweep.settings.max_parallel or 1
+    if parallel > 1:
+        (sweep.out_dir / "logs").mkdir(exist_ok=True)
+    running: list[tuple[str, subprocess.Popen, Any]] = []
     failed = []
+
+    def wait_until(at_most: int) -> None:
+        while len(running) > at_most:
+            done = [item for item in running if item[1].poll() is not None]
+            if not done:
+                time.sleep(0.5)
+            for h, proc, log in done:
+                running.remove((h, proc, log))
+                if log is not None:
+                    log.close()
+                    print(f"config {h}: exit {proc.returncode}", flush=True)
+                if proc.returncode != 0:
+                    failed.append(f"{h} (exit {proc.returncode})")
+
     for k, i in enumerate(pending):
         h = sweep.hashes[i]
         args = plan(["--config", str(sweep.config_path(h)), "--out", str(sweep.results_path(h))],
                     sweep.settings.ranks, restart=False)
         if args is None:
             continue
-        print(f"[{k + 1}/{len(pending)}] config {h}", flush=True)
-        rc = subprocess.run([*launch, sys.executable, "-m", "fedring", "run", *args]).returncode
-        if rc != 0:
-            failed.append(f"{h} (exit {rc})")
+        wait_until(parallel - 1)
+        log = open(sweep.out_dir / "logs" / f"local-{h}.out", "a") if parallel > 1 else None
+        print(f"[{k + 1}/{len(pending)}] config {h}" + (f" (log: {log.name})" if log else ""), flush=True)
+        cmd = [*launch, sys.executable, "-m", "fedring", "run", *args]
+        running.append((h, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT if log else None), log))
+    wait_until(0)
     if failed:
         print(f"fedring sweep: {len(failed)} run(s) did not complete: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -31,6 +31,7 @@ from .models import flat_grad_into, flatten, load_flat, make_model
 from .results import ResultsFile
 from .ring import ring_allreduce
 from .runtime import Guard, StopRequest
+from .schedules import make_schedule
 
 STREAM_BATCH, STREAM_POISON, STREAM_ATTACK, STREAM_AGGREGATOR = 1, 2, 3, 4
 EVAL_BATCH = 500
@@ -111,8 +112,8 @@ class Adversary:
     clients' updates through an explicit side channel (ledger phase ``adversary``), whose
     bytes are never counted as protocol traffic."""
 
-    def __init__(self, cfg: Config, net: Network, byzantine: np.ndarray, topology: Topology):
-        self.cfg, self.net, self.topology = cfg, net, topology
+    def __init__(self, cfg: Config, net: Network, byzantine: np.ndarray, topology: Topology, lr_at):
+        self.cfg, self.net, self.topology, self.lr_at = cfg, net, topology, lr_at
         self.byzantine = byzantine
         self.is_byzantine = np.zeros(cfg.clients, bool)
         self.is_byzantine[byzantine] = True
@@ -126,7 +127,7 @@ class Adversary:
         return self.data_attack is not None and self.is_byzantine[client]
 
     def context(self, rng: np.random.Generator, t: int, reference: np.ndarray | None = None) -> AttackContext:
-        return AttackContext(rng=rng, n=self.cfg.clients, f=self.f, lr=self.cfg.lr, round=t,
+        return AttackContext(rng=rng, n=self.cfg.clients, f=self.f, lr=self.lr_at(t), round=t,
                              aggregator=lambda X: self.topology.reference_rule(X, reference),
                              aggregator_name=self.cfg.aggregator)
 
@@ -161,10 +162,12 @@ class Trainer:
         self.net = Network(self.layout)
         self.model = make_model(cfg.model, cfg.seed)
         self.w = flatten(self.model)
+        self.w0 = self.w.copy()  # the drift diagnostic measures w_t - w_0
         self.d = self.w.size
+        self.schedule = make_schedule(cfg.lr_schedule, cfg.section(cfg.lr_schedule))
         self.byzantine = byzantine_clients(cfg)
         self.topology = Topology(cfg, self.net, self.byzantine, self.d)
-        self.adversary = Adversary(cfg, self.net, self.byzantine, self.topology)
+        self.adversary = Adversary(cfg, self.net, self.byzantine, self.topology, self.lr_at)
         self.data = FederatedData(
             cfg.dataset, cfg.data_dir, cfg.clients, self.layout.local_clients, cfg.partition, cfg.noniid, cfg.seed,
             server_samples=cfg.server_samples if self.topology.needs_reference and comm.rank == 0 else 0,
@@ -208,6 +211,10 @@ class Trainer:
     def checkpoint_arrays(self) -> dict[str, np.ndarray]:
         return {"w": self.w, **{f"state_{k}": v for k, v in self.topology.state.items()}}
 
+    def lr_at(self, t: int) -> float:
+        """The step size of round ``t``: ``lr`` times the schedule's factor."""
+        return self.cfg.lr * self.schedule.factor(t, self.cfg.rounds)
+
     def sample_batch(self, shard: Shard, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         size = min(self.cfg.batch_size, len(shard.y))
         idx = np.sort(rng.choice(len(shard.y), size, replace=False))
@@ -230,6 +237,7 @@ class Trainer:
         rng = client_rng(self.cfg.seed, client, t, STREAM_BATCH)
         poison_rng = client_rng(self.cfg.seed, client, t, STREAM_POISON)
         shard = self.data.shards[k]
+        lr = self.lr_at(t)
         poisons = self.adversary.poisons(client)
         first_loss = 0.0
         for step in range(self.cfg.local_steps):
@@ -242,11 +250,11 @@ class Trainer:
             if self.cfg.local_steps > 1:
                 with torch.no_grad():
                     for p in self.model.parameters():
-                        p -= self.cfg.lr * p.grad
+                        p -= lr * p.grad
         if self.cfg.local_steps == 1:
             flat_grad_into(self.model, out)
         else:
-            out[:] = (self.w - flatten(self.model)) / np.float32(self.cfg.lr)
+            out[:] = (self.w - flatten(self.model)) / np.float32(lr)
             load_flat(self.model, self.w)
         if poisons and self.adversary.data_attack.scale != 1:
             out *= np.float32(self.adversary.data_attack.scale)
@@ -262,9 +270,13 @@ class Trainer:
         flat_grad_into(self.model, out)
         return out
 
-    def apply(self, update: np.ndarray) -> None:
-        self.w -= np.float32(self.cfg.lr) * update
+    def apply(self, update: np.ndarray, t: int) -> None:
+        self.w -= np.float32(self.lr_at(t)) * update
         load_flat(self.model, self.w)
+
+    def weight_mean_change(self) -> float:
+        """Drift diagnostic: the mean over coordinates of ``w_t - w_0``."""
+        return float(np.mean(self.w - self.w0, dtype=np.float64))
 
     def evaluate(self) -> dict[str, float]:
         """Test accuracy and loss of the shared model (and the backdoor's success rate)."""
@@ -308,7 +320,7 @@ def train_round(tr: Trainer, t: int) -> None:
     reference = tr.reference_gradient()  # the server's clean-data gradient, for the rules that need one
     tr.adversary.attack_model(tr.grads, t, reference)
     update = tr.topology.aggregate(tr.grads, t, reference)
-    tr.apply(update)
+    tr.apply(update, t)
 
 
 class Progress:
@@ -382,7 +394,8 @@ def train(tr: Trainer, guard: Guard, stop: StopRequest) -> int:
                 metrics = {
                     "round": rnd, **scores, "train_loss": train_loss,
                     "bytes_sent": int(client_bytes.sum()), "bytes_sent_total": total_bytes,
-                    "server_bytes_sent": server_bytes, "wall_seconds": progress.elapsed(), **extra_metrics,
+                    "server_bytes_sent": server_bytes, "wall_seconds": progress.elapsed(),
+                    "lr": tr.lr_at(t), "weight_mean_change": tr.weight_mean_change(), **extra_metrics,
                 }
             results.append_round(metrics, rows, rounds_completed=rnd)
             if evaluated:

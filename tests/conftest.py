@@ -33,3 +33,27 @@ def run_mpi(n: int, args: list[str], timeout: float = 180, check: bool = True) -
 
 def fedring(n: int, *args: str, **kw) -> subprocess.CompletedProcess:
     return run_mpi(n, ["-m", "fedring", *args], **kw)
+
+
+#: ``python crash.py ROUND ARGS...``: fedring run ARGS, raising in round ROUND (0-based) on every rank.
+CRASH_AT_ROUND = """
+import sys
+import fedring.training as training
+original = training.train_round
+def train_round(tr, t):
+    if t == int(sys.argv[1]):
+        raise RuntimeError("injected failure on purpose")
+    return original(tr, t)
+training.train_round = train_round
+from fedring.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def crash_at_round(tmp_path: Path, ranks: int, round_: int, args: list[str]) -> subprocess.CompletedProcess:
+    """Run fedring ARGS under ``ranks`` ranks with an exception injected in round ``round_``."""
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH_AT_ROUND)
+    proc = run_mpi(ranks, [str(script), str(round_), *args], check=False)
+    assert proc.returncode != 0 and "injected failure on purpose" in proc.stderr
+    return proc

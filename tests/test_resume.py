@@ -1,16 +1,14 @@
 """Resume: a run interrupted at any point and resumed ends bit-identical to an uninterrupted one."""
 
-import os
 import signal
 import subprocess
 import sys
 import time
 
 import h5py
-import numpy as np
 import pytest
 
-from conftest import MPIEXEC, ROOT, fedring, mpi_env, run_mpi
+from conftest import MPIEXEC, ROOT, crash_at_round, fedring, mpi_env
 
 RUN = ["--dataset", "synthetic", "--clients", "4", "--rounds", "7", "--eval-every", "2",
        "--checkpoint-every", "2", "--quiet"]
@@ -34,26 +32,10 @@ def reference(tmp_path_factory):
     return snapshot(out)
 
 
-CRASH = """
-import sys
-import fedring.training as training
-original = training.train_round
-def train_round(tr, t):
-    if t == int(sys.argv[1]):
-        raise RuntimeError("injected failure on purpose")
-    return original(tr, t)
-training.train_round = train_round
-from fedring.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
-
-
 @pytest.mark.parametrize("crash_round", [1, 6])
 def test_resume_after_crash_is_bit_exact(tmp_path, reference, crash_round):
-    script = tmp_path / "crash.py"
-    script.write_text(CRASH)
     out = tmp_path / "run.h5"
-    proc = run_mpi(2, [str(script), str(crash_round), *RUN, "--out", str(out)], check=False)
+    proc = crash_at_round(tmp_path, 2, crash_round, [*RUN, "--out", str(out)])
     assert proc.returncode != 0
     assert snapshot(out)["status"] == "failed"
     fedring(2, *RUN, "--out", str(out), "--resume")
@@ -68,22 +50,18 @@ def test_resume_after_crash_is_bit_exact(tmp_path, reference, crash_round):
 def test_resume_keeps_the_aggregator_state(tmp_path, rule):
     """Stateful server rules (previous aggregate, FL-Detector's history) and BRACE's per-round
     relay draws and rows resume exactly."""
-    script = tmp_path / "crash.py"
-    script.write_text(CRASH)
     settings = [*RUN, *rule, "--clients", "6"]
     ref, out = tmp_path / "ref.h5", tmp_path / "run.h5"
     fedring(2, *settings, "--out", str(ref))
-    proc = run_mpi(2, [str(script), "5", *settings, "--out", str(out)], check=False)
+    proc = crash_at_round(tmp_path, 2, 5, [*settings, "--out", str(out)])
     assert proc.returncode != 0
     fedring(2, *settings, "--out", str(out), "--resume")
     assert snapshot(out) == snapshot(ref)
 
 
 def test_resume_on_other_rank_count_is_bit_exact(tmp_path, reference):
-    script = tmp_path / "crash.py"
-    script.write_text(CRASH)
     out = tmp_path / "run.h5"
-    run_mpi(2, [str(script), "4", *RUN, "--out", str(out)], check=False)
+    crash_at_round(tmp_path, 2, 4, [*RUN, "--out", str(out)])
     fedring(4, *RUN, "--out", str(out), "--resume")
     assert snapshot(out) == reference
 
@@ -144,9 +122,7 @@ def test_kill_9_then_resume_from_last_checkpoint(tmp_path, reference):
 
 def test_resume_refuses_other_settings(tmp_path):
     out = tmp_path / "run.h5"
-    script = tmp_path / "crash.py"
-    script.write_text(CRASH)
-    run_mpi(1, [str(script), "3", *RUN, "--out", str(out)], check=False)
+    crash_at_round(tmp_path, 1, 3, [*RUN, "--out", str(out)])
     proc = fedring(1, *RUN, "--lr", "0.5", "--out", str(out), "--resume", check=False)
     assert proc.returncode == 2
     assert "resume:" in proc.stderr and "lr: 0.1 -> 0.5" in proc.stderr

@@ -261,3 +261,18 @@ def test_local_sweep_runs_each_config_once(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fedring.sweep", str(grid), "--local"], capture_output=True,
                           text=True, timeout=60, env=mpi_env(), cwd=tmp_path)
     assert proc.returncode == 0 and "nothing to run" in proc.stdout
+
+
+def test_local_sweep_runs_max_parallel_at_once_with_a_log_each(tmp_path):
+    grid = tmp_path / "g.toml"
+    out = tmp_path / "out"
+    grid.write_text(f'dataset = "synthetic"\nclients = 2\nrounds = 2\nseed = [0, 1, 2]\nlr_schedule = "cosine"\n'
+                    f'[sweep]\nout_dir = "{out}"\nmax_parallel = 2\n')
+    proc = subprocess.run([sys.executable, "-m", "fedring.sweep", str(grid), "--local"], capture_output=True,
+                          text=True, timeout=180, env=mpi_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sw = load_sweep(grid)
+    for h in sw.hashes:
+        assert file_state(out / f"{h}.h5").kind == "complete"
+        assert f"config {h}: exit 0" in proc.stdout
+        assert "results:" in (out / "logs" / f"local-{h}.out").read_text()
