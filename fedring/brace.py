@@ -72,7 +72,7 @@ wire format must (rather than widening the type, which would change the bytes me
 honest traffic never reaches the clip since ``|S| <= n <= M``.
 
 sign(0): ``sign_zero`` (0 by default, spec §3.2) is the vote of a coordinate that is exactly
-0 (or NaN). With 0 such a client abstains; with +-1 every client votes, which is what makes
+0 (or not finite: NaN or an infinity). With 0 such a client abstains; with +-1 every client votes, which is what makes
 the parity check possible.
 
 Examples
@@ -134,7 +134,14 @@ BLOCK = 1 << 16  # elements per pass: keeps the temporaries in cache
 
 
 def quantize(grads: np.ndarray, sign_zero: int, dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
-    """Phase I: element-wise sign in ``dtype``, with ``sign(0) = sign_zero``; NaN counts as 0."""
+    """Phase I: element-wise sign in ``dtype``, with ``sign(0) = sign_zero``.
+
+    A non-finite coordinate (NaN, +-inf: only a Byzantine client sends one) votes
+    ``sign_zero`` too, so it weighs no more than an honest zero.
+
+    >>> quantize(np.array([2.0, 0.0, -1.0, np.nan, np.inf, -np.inf]), 0, np.int8)
+    array([ 1,  0, -1,  0,  0,  0], dtype=int8)
+    """
     flat = np.ascontiguousarray(grads).reshape(-1)
     q = np.empty(flat.size, dtype) if out is None else out.reshape(-1)
     for s in range(0, flat.size, BLOCK):
@@ -145,6 +152,10 @@ def quantize(grads: np.ndarray, sign_zero: int, dtype: np.dtype, out: np.ndarray
             np.subtract(1, np.multiply(x < 0, 2, dtype=dtype), out=out)
         else:
             np.subtract(np.multiply(x > 0, 2, dtype=dtype), 1, out=out)
+        with np.errstate(over="ignore", invalid="ignore"):
+            finite = np.isfinite(np.add.reduce(x))  # one cheap pass; rarely false
+        if not finite:
+            out[~np.isfinite(x)] = sign_zero
     return q.reshape(grads.shape)
 
 

@@ -236,10 +236,15 @@ class Network:
             self.comm.Recv(out, source=0)
         return out
 
+    def collect(self, per_client: np.ndarray) -> np.ndarray | None:
+        """A measurement, not a message: ``(n, ...)`` on rank 0 from every rank's ``(n, ...)``
+        array that holds its own clients' entries and zeros elsewhere (exact: each client's
+        entry comes from one rank). Never counted in the ledger."""
+        per_client = np.ascontiguousarray(per_client)
+        total = np.zeros_like(per_client) if self.layout.rank == 0 else None
+        self.comm.Reduce(per_client, total, op=MPI.SUM, root=0)
+        return total
+
     def gather_ledger(self) -> tuple[np.ndarray, int]:
         """Per-client protocol bytes of all clients and the server's bytes, on rank 0."""
-        local = self.ledger.client_bytes()
-        total = np.zeros_like(local) if self.layout.rank == 0 else None
-        # Each client is counted on exactly one rank, so summing zeros elsewhere is exact.
-        self.comm.Reduce(local, total, op=MPI.SUM, root=0)
-        return total, self.ledger.server_bytes()
+        return self.collect(self.ledger.client_bytes()), self.ledger.server_bytes()

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from .aggregators import make_aggregator
+from .aggregators import make_aggregator, nonfinite_rows
 from .attacks import AttackContext, Backdoor, DataAttack, make_attack
 from .brace import RING_RULES, SignVote
 from .comm import Network, Layout
@@ -174,6 +174,8 @@ class Trainer:
         )
         self.grads = np.empty((self.layout.n_local, self.d), np.float32)
         self.batch_loss = np.zeros(cfg.clients)
+        self.nonfinite = np.zeros(cfg.clients, np.uint8)
+        self.update_finite = True
         self.start_round = 0
         self.resumed: dict = {}
         if cfg.resume:
@@ -319,7 +321,11 @@ def train_round(tr: Trainer, t: int) -> None:
         tr.batch_loss[client] = tr.client_gradient(k, t, tr.grads[k])
     reference = tr.reference_gradient()  # the server's clean-data gradient, for the rules that need one
     tr.adversary.attack_model(tr.grads, t, reference)
-    update = tr.topology.aggregate(tr.grads, t, reference)
+    tr.nonfinite[:] = 0  # measured, not sent: which uploads hold NaN or an infinity
+    tr.nonfinite[tr.layout.lo : tr.layout.hi] = nonfinite_rows(tr.grads)
+    with np.errstate(invalid="ignore", over="ignore"):  # non-finite uploads are recorded instead
+        update = tr.topology.aggregate(tr.grads, t, reference)
+    tr.update_finite = bool(np.isfinite(update).all())
     tr.apply(update, t)
 
 
@@ -378,6 +384,7 @@ def train(tr: Trainer, guard: Guard, stop: StopRequest) -> int:
         train_round(tr, t)
         rnd = t + 1
         client_bytes, server_bytes = tr.net.gather_ledger()
+        nonfinite = tr.net.collect(tr.nonfinite)
         extra_metrics = tr.topology.signvote.round_metrics() if tr.topology.signvote else {}
         rows = tr.topology.signvote.round_rows() if tr.topology.signvote else {}
         rows.update({f"brace/{name}": value for name, value in extra_metrics.items()})  # every round
@@ -386,7 +393,8 @@ def train(tr: Trainer, guard: Guard, stop: StopRequest) -> int:
         train_loss = tr.mean_batch_loss() if evaluated else None
         if rank0:
             total_bytes += int(client_bytes.sum())
-            rows = {**rows, "comm/bytes_sent": client_bytes, "comm/server_bytes_sent": np.int64(server_bytes)}
+            rows = {**rows, "comm/bytes_sent": client_bytes, "comm/server_bytes_sent": np.int64(server_bytes),
+                    "aggregation/nonfinite": nonfinite, "aggregation/nonfinite_update": np.uint8(not tr.update_finite)}
             if tr.topology.selected is not None:
                 rows["aggregation/selected"] = tr.topology.selected
             metrics = {}

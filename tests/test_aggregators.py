@@ -91,6 +91,15 @@ def test_krum_conventions_pick_different_clients(variant, chosen):
     np.testing.assert_array_equal(res.selected, np.eye(7)[chosen])
 
 
+def test_krum_fedml_with_f_0_sums_the_n_minus_1_other_rows():
+    # FedML's convention asks for n - f = n neighbours; only n - 1 exist. Plain distances of
+    # row 4 to the others: 140.86 + 0.1414 + 0.1 + 0.1 = 141.24, the smallest (row 1: 141.76).
+    X = np.array([[100, 100], [0, 0], [0.1, 0], [0, 0.1], [0.1, 0.1]])
+    res = run("krum", X, f=0, variant="fedml")
+    np.testing.assert_array_equal(res.selected, np.eye(5)[4])
+    assert np.isfinite(krum_scores(gram(X).sqdist(), 0, "fedml")).all()
+
+
 def test_krum_scores_hand_computed():
     D2 = gram(KRUM_CONVENTIONS).sqdist()
     np.testing.assert_array_equal(D2[4], [85, 53, 10, 2, 0, 16, 13])

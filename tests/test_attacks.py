@@ -49,10 +49,10 @@ BYZ = np.array([[1.0, -1.0, 0.5], [2.0, 0.0, -3.0]])
 
 def test_registry_names_and_knowledge():
     assert set(ATTACKS) == {"gaussian", "signflip", "scaling", "alie", "ipm", "foe", "fang_krum", "fang_trim",
-                            "minmax", "minsum", "mimic", "hplus_attack", "adaptive", "labelflip", "backdoor"}
+                            "minmax", "minsum", "mimic", "hplus_attack", "adaptive", "nonfinite", "labelflip", "backdoor"}
     built = {name: make_attack(name, {}, n_clients=10) for name in ATTACKS}
     assert {n: a.knowledge for n, a in built.items() if a.knowledge != "omniscient"} == {
-        "gaussian": "own", "signflip": "own", "labelflip": "own", "backdoor": "own"}
+        "gaussian": "own", "signflip": "own", "nonfinite": "own", "labelflip": "own", "backdoor": "own"}
     assert {n for n, a in built.items() if a.kind == "data"} == {"labelflip", "backdoor"}
     assert make_attack("fang_trim", {"variant": "partial"}).knowledge == "collusion"
     assert make_attack("alie", {"stats": "byzantine"}).knowledge == "collusion"

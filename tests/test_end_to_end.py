@@ -64,7 +64,7 @@ def load(root, name):
             "status": f.attrs["status"],
             "rounds": int(f.attrs["rounds_completed"]),
             "model": f["model/final"][:],
-            "selected": f["aggregation/selected"][:] if "aggregation" in f else None,
+            "selected": f["aggregation/selected"][:] if "aggregation/selected" in f else None,
             "metrics": {k: v[:] for k, v in f["metrics"].items()},
             "byzantine": f["byzantine/clients"][:],
         }

@@ -35,9 +35,11 @@ from . import (  # noqa: F401  (importing registers the rules)
     ties,
     zenopp,
 )
+from ._kernels import nonfinite_rows
 from .base import AGGREGATORS, PRE_AGGREGATORS, AggregateResult, Aggregator, PreAggregator
 
-__all__ = ["AGGREGATORS", "PRE_AGGREGATORS", "AggregateResult", "Aggregator", "Pipeline", "PreAggregator", "make_aggregator"]
+__all__ = ["AGGREGATORS", "PRE_AGGREGATORS", "AggregateResult", "Aggregator", "Pipeline", "PreAggregator",
+           "make_aggregator", "nonfinite_rows"]
 
 
 class Pipeline(Aggregator):
@@ -50,7 +52,14 @@ class Pipeline(Aggregator):
         self.needs_reference = rule.needs_reference
         self.needs_rng = rule.needs_rng or any(p.needs_rng for p in self.pre)
         self.stateful = rule.stateful
+        self.selects = rule.selects
+        self.client_state = rule.client_state
         self._rng = np.random.default_rng(0)
+
+    def with_f(self, f):
+        if f == self.f:
+            return self
+        return Pipeline([p.with_f(f) for p in self.pre], self.rule.with_f(f))
 
     def _rows_after(self, n: int) -> int:
         for p in self.pre:
@@ -58,6 +67,10 @@ class Pipeline(Aggregator):
         return n
 
     def check(self, n):
+        mixing = [p.name for p in self.pre if not p.keeps_rows]
+        if self.rule.client_state and mixing:
+            return (f"{self.rule.name} keeps state per client, and {mixing[0]} mixes the clients' rows: "
+                    f"leave {mixing[0]} out or choose another rule")
         for p in self.pre:
             reason = p.check(n)
             if reason is not None:

@@ -234,6 +234,30 @@ def combine(w: np.ndarray, X: np.ndarray, extra: np.ndarray | None = None) -> np
     return out
 
 
+def nonfinite_rows(X: np.ndarray) -> np.ndarray:
+    """(n,) bool: the rows of X that hold a NaN or an infinity, in one blocked pass.
+
+    A block's row sums are finite exactly when its rows are (unless finite values overflow
+    the sum), so only rows with a non-finite sum are checked value by value.
+
+    >>> nonfinite_rows(np.array([[1.0, 2.0], [np.nan, 0.0], [3e38, 3e38], [-np.inf, 1.0]], np.float32)).tolist()
+    [False, True, False, True]
+    """
+    n, d = X.shape
+
+    def task(sls):
+        bad = np.zeros(n, bool)
+        for sl in sls:
+            B = X[:, sl]
+            with np.errstate(over="ignore", invalid="ignore"):
+                suspect = np.flatnonzero(~np.isfinite(B.sum(axis=1)))
+            if suspect.size:
+                bad[suspect] |= ~np.isfinite(B[suspect]).all(axis=1)
+        return bad
+
+    return np.logical_or.reduce(map_blocks(task, d, block_width(n, X.itemsize, 4 * BLOCK_BYTES)))
+
+
 def row_stats(X: np.ndarray, R: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Squared row norms of X and, if R (k, d) is given, the dots ``X @ R.T``; float64, one pass."""
     n, d = X.shape

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 from numbers import Integral, Real
@@ -10,6 +11,8 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from fedring.errors import ConfigError
+
+from ._kernels import nonfinite_rows
 
 AGGREGATORS: dict[str, type] = {}
 PRE_AGGREGATORS: dict[str, type] = {}
@@ -30,13 +33,17 @@ def register_pre(cls: type) -> type:
 class AggregateResult(NamedTuple):
     """What one aggregation call returns.
 
-    vector : (d,) array in the input dtype; the loop applies ``w <- w - lr * vector``.
+    vector : (d,) array in the input dtype, always finite for finite input; the loop applies
+        ``w <- w - lr * vector``.
     selected : (n,) float weights in [0, 1] (1 = kept / fully trusted) for rules that select
-        or weight clients, else None.
+        or weight clients (``selects``), else None.
+    excluded : (n,) bool, the rows left out because they held NaN or an infinity (None when
+        every row was finite).
     """
 
     vector: np.ndarray
     selected: np.ndarray | None = None
+    excluded: np.ndarray | None = None
 
 
 # --------------------------------------------------------------------------------------
@@ -112,12 +119,27 @@ class Aggregator:
     Randomised rules (``needs_rng = True``) draw only from the ``rng`` passed to
     ``aggregate``; without one they use a private ``numpy.random.Generator`` seeded with 0
     at construction, so a run is reproducible either way.
+
+    Non-finite input (every rule, the same policy): a row holding NaN or an infinity was
+    sent by a Byzantine client (an honest gradient is finite), so it is left out before the
+    rule runs, as if that client had not taken part in the round. The rule then aggregates
+    the ``n' = n - e`` finite rows with ``f' = max(f - e, 0)`` declared Byzantine clients,
+    since at most ``f - e`` Byzantine ones remain; per-client state (``client_state``) of
+    the absent clients is left as it was. If no row is finite, or ``check(n')`` fails for
+    the rule told ``f'`` (too few rows remain), the result is the zero vector (the model does
+    not move that round) with every ``selected`` weight 0. ``AggregateResult.excluded``
+    names the rows left out. So the output never depends on where a non-finite row sits,
+    and is finite whenever the finite rows are.
     """
 
     name: ClassVar[str] = ""
     needs_reference: ClassVar[bool] = False
     needs_rng: ClassVar[bool] = False
     stateful: ClassVar[bool] = False
+    #: the rule returns per-client ``selected`` weights
+    selects: ClassVar[bool] = False
+    #: state arrays kept per client: name -> the axis that indexes clients
+    client_state: ClassVar[dict[str, int]] = {}
 
     def __init__(self, f: int = 0):
         self.f = check_int("f", f, lo=0)
@@ -158,6 +180,14 @@ class Aggregator:
         """Explicit state of stateful rules (numpy arrays only, so a checkpoint can save it)."""
         return {}
 
+    def with_f(self, f: int) -> "Aggregator":
+        """This rule told ``f`` declared Byzantine clients (a shallow copy; ``self`` if unchanged)."""
+        if f == self.f:
+            return self
+        other = copy.copy(self)
+        other.f = f
+        return other
+
     def aggregate(
         self,
         X: Any,
@@ -178,10 +208,35 @@ class Aggregator:
             raise ValueError(f"{self.name} needs the server's reference gradient (reference=...)")
         if state is None:
             state = self.init_state(n, d)
-        result = self._aggregate(X, state, reference, rng if rng is not None else self._rng)
+        rng = rng if rng is not None else self._rng
+        excluded = nonfinite_rows(X)
+        if excluded.any():
+            return self._aggregate_finite_rows(X, excluded, state, reference, rng)
+        result = self._aggregate(X, state, reference, rng)
         vector = np.asarray(result.vector, dtype=X.dtype)
         selected = None if result.selected is None else np.asarray(result.selected, dtype=np.float64)
         return AggregateResult(vector, selected)
+
+    def _aggregate_finite_rows(self, X, excluded, state, reference, rng) -> AggregateResult:
+        """The non-finite policy (class docstring): the rule on the finite rows, told ``f - e``."""
+        n, d = X.shape
+        keep = np.flatnonzero(~excluded)
+        rule = self.with_f(max(self.f - (n - keep.size), 0))
+        selected = np.zeros(n) if self.selects else None
+        if keep.size == 0 or rule.check(keep.size) is not None:
+            return AggregateResult(np.zeros(d, X.dtype), selected, excluded)
+        part = {**state, **{k: np.take(state[k], keep, axis=axis) for k, axis in self.client_state.items()}}
+        result = rule.aggregate(X[keep], state=part, reference=reference, rng=rng)
+        for key, value in part.items():
+            if key in self.client_state:
+                index = [slice(None)] * value.ndim
+                index[self.client_state[key]] = keep
+                state[key][tuple(index)] = value
+            else:
+                state[key] = value
+        if selected is not None:
+            selected[keep] = result.selected
+        return AggregateResult(result.vector, selected, excluded)
 
     def __call__(self, X: Any, **kw) -> np.ndarray:
         return self.aggregate(X, **kw).vector
@@ -202,10 +257,13 @@ class PreAggregator:
     """
 
     name: ClassVar[str] = ""
+    #: the output has one row per input row (so per-client state behind it stays aligned)
+    keeps_rows: ClassVar[bool] = True
 
     def __init__(self, f: int = 0):
         self.f = check_int("f", f, lo=0)
 
+    with_f = Aggregator.with_f
     param_names = classmethod(Aggregator.param_names.__func__)
     check_keys = classmethod(Aggregator.check_keys.__func__)
     from_params = classmethod(Aggregator.from_params.__func__)

@@ -30,6 +30,7 @@ class Bulyan(Aggregator):
     """
 
     name = "bulyan"
+    selects = True
 
     def check(self, n):
         if n < 4 * self.f + 3:

@@ -61,6 +61,7 @@ class CenteredClipping(Aggregator):
     """
 
     name = "cclip"
+    selects = True
     stateful = True
 
     def __init__(

@@ -66,6 +66,7 @@ class CopodDos(Aggregator):
     """
 
     name = "copod"
+    selects = True
 
     def __init__(self, f: int = 0, *, variant: str = "spec"):
         super().__init__(f)

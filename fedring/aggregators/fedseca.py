@@ -96,6 +96,7 @@ class FedSECA(Aggregator):
     """
 
     name = "fedseca"
+    selects = True
     stateful = True
 
     def __init__(

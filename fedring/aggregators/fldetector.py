@@ -131,6 +131,8 @@ class FLDetector(Aggregator):
     """
 
     name = "fldetector"
+    selects = True
+    client_state = {"prev": 0, "scores": 1}
     stateful = True
     needs_rng = True
 

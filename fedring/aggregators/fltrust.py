@@ -31,6 +31,7 @@ class FLTrust(Aggregator):
     """
 
     name = "fltrust"
+    selects = True
     needs_reference = True
 
     def _aggregate(self, X, state, reference, rng):

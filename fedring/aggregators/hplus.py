@@ -78,6 +78,7 @@ class HPlus(Aggregator):
     """
 
     name = "hplus"
+    selects = True
     needs_rng = True
 
     def __init__(
@@ -137,6 +138,12 @@ class HPlus(Aggregator):
 
     def init_state(self, n, d):
         return self.base_rule.init_state(n, d) if self.base_rule is not None else {}
+
+    def with_f(self, f):
+        other = super().with_f(f)
+        if other is not self and self.base_rule is not None:
+            other.base_rule = self.base_rule.with_f(f)
+        return other
 
     def draw_segments(self, d: int, rng: np.random.Generator) -> list[np.ndarray]:
         r = min(self.r, d)

@@ -17,7 +17,12 @@ KRUM_VARIANTS: dict[str, tuple[str, int]] = {
 
 
 def neighbour_count(n: int, f: int, variant: str) -> int:
-    return n - f - KRUM_VARIANTS[variant][1]
+    """Neighbours summed in a Krum score: ``n - f - offset``, capped at the ``n - 1`` other rows.
+
+    The cap matters for ``fedml`` with ``f = 0``, which asks for ``n`` neighbours: FedML's
+    code takes at most ``n - 1`` (without it every score is inf and row 0 always wins).
+    """
+    return min(n - f - KRUM_VARIANTS[variant][1], n - 1)
 
 
 def krum_scores(D2: np.ndarray, f: int, variant: str, neighbours: int | None = None) -> np.ndarray:
@@ -67,13 +72,19 @@ class Krum(Aggregator):
         fedml       plain L2     n - f           FedML (older KrumDefense)
         ==========  ===========  ==============  ==========================================
 
-    Example
-    -------
+    Examples
+    --------
     >>> Krum(1, variant="byzfl")(np.array([[1., 2., 3.], [4., 5., 6.], [7., 8., 9.]]))
     array([1., 2., 3.])
+
+    FedML's convention with f = 0 sums the n - 1 other rows (the outlier is never picked):
+
+    >>> Krum(0, variant="fedml").aggregate(np.array([[100, 100], [0, 0], [.1, 0], [0, .1], [.1, .1]])).selected
+    array([0., 0., 0., 0., 1.])
     """
 
     name = "krum"
+    selects = True
 
     def __init__(self, f: int = 0, *, variant: str = "paper"):
         super().__init__(f)

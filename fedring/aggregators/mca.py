@@ -40,6 +40,7 @@ class MCA(Aggregator):
     """
 
     name = "mca"
+    selects = True
 
     def __init__(self, f: int = 0, *, sigma: float | None = None, iters: int = 100, tol: float = 1e-5):
         super().__init__(f)

@@ -58,6 +58,7 @@ class Bucketing(PreAggregator):
 
     name = "bucketing"
     needs_rng = True
+    keeps_rows = False
 
     def __init__(self, f: int = 0, *, s: int = 2):
         super().__init__(f)

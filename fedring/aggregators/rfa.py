@@ -44,6 +44,7 @@ class GeoMed(Aggregator):
     """
 
     name = "geomed"
+    selects = True
 
     def __init__(self, f: int = 0, *, iters: int = 100, tol: float = 1e-5, nu: float = 1e-6, init: str = "mean"):
         super().__init__(f)

@@ -41,6 +41,7 @@ class ZenoPP(Aggregator):
     """
 
     name = "zenopp"
+    selects = True
     needs_reference = True
 
     def __init__(self, f: int = 0, *, gamma: float = 1.0, rho: float = 0.001, eps: float = 0.1):

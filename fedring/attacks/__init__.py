@@ -23,12 +23,13 @@ from .hplus import HPlusAttack
 from .ipm import IPM, FoE
 from .labelflip import LabelFlip
 from .mimic import Mimic
+from .nonfinite import NonFinite
 from .minmax import MinMax, MinSum
 
 ATTACKS: dict[str, type] = {
     cls.name: cls
     for cls in (Gaussian, SignFlip, Scaling, ALIE, IPM, FoE, FangKrum, FangTrim, MinMax, MinSum, Mimic,
-                HPlusAttack, Adaptive, LabelFlip, Backdoor)
+                HPlusAttack, Adaptive, NonFinite, LabelFlip, Backdoor)
 }
 
 
