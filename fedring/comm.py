@@ -127,6 +127,47 @@ class Network:
     def n_clients(self) -> int:
         return self.layout.n_clients
 
+    def agree(self, problem: str | None, same: dict[str, int | None] | None = None) -> None:
+        """Collective: raise ``ValueError`` on every rank if any rank found a ``problem``
+        (the lowest such rank's message), or if a value in ``same`` differs between the ranks
+        that have one (None: nothing to compare on this rank). One small all-reduce."""
+        lay, big = self.layout, np.iinfo(np.int64).max
+        same = same or {}
+        values = [big if v is None else v for v in same.values()] + [big if v is None else -v for v in same.values()]
+        agreed = np.array([lay.rank if problem else lay.size, *values], np.int64)
+        self.comm.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MIN)
+        failing = int(agreed[0])
+        if failing < lay.size:
+            raise ValueError(f"rank {failing}: {self.comm.bcast(problem, root=failing)}")
+        k = len(same)
+        for name, lo, minus_hi in zip(same, agreed[1 : 1 + k], agreed[1 + k :]):
+            if lo != big and lo != -minus_hi:
+                raise ValueError(f"{name} differs between ranks ({lo} and {-minus_hi}): it must be the same on every rank")
+
+    def check_rows(self, rows, count: int | None = None, what: str = "rows") -> None:
+        """Collective: every rank checks its client rows before the first message is sent.
+
+        ``rows`` must be a C-contiguous numeric numpy array with one row per client this rank
+        sends for (``count``, default: the clients it hosts), of the same dtype and row size on
+        every rank. A problem on any rank raises ``ValueError`` on every rank (naming the rank),
+        instead of one rank raising while its peers wait for its message forever.
+        """
+        count = self.layout.n_local if count is None else count
+        problem = None
+        if not isinstance(rows, np.ndarray):
+            problem = f"{what} must be a numpy array, got {type(rows).__name__}"
+        elif rows.ndim < 1 or rows.shape[0] != count:
+            got = "a scalar" if rows.ndim < 1 else f"{rows.shape[0]} rows"
+            problem = f"{what} has {got}; it needs one row for each of the {count} clients this rank sends for"
+        elif not rows.flags.c_contiguous:
+            problem = f"{what} must be C-contiguous (numpy.ascontiguousarray), got strides {rows.strides}"
+        elif rows.dtype.kind not in "biuf":
+            problem = f"{what} must be numeric, got dtype {rows.dtype}"
+        ok = problem is None and count > 0
+        self.agree(problem, {f"the dtype size of {what}": rows.dtype.itemsize if ok else None,
+                             f"the dtype kind of {what}": ord(rows.dtype.kind) if ok else None,
+                             f"the row size of {what}": rows[0].size if ok else None})
+
     def _recv_buffer(self, like: np.ndarray, count: int) -> np.ndarray:
         nbytes = count * like.itemsize
         if self._scratch.nbytes < nbytes:
@@ -149,7 +190,8 @@ class Network:
 
         ``rows`` holds the rows of this rank's clients, ``bounds`` the chunk offsets. The
         chunk a client sends is never the chunk it receives in the same step, so hops can be
-        applied one after the other in place.
+        applied one after the other in place. A protocol checks its rows once, with
+        :meth:`check_rows`, before its first step.
         """
         lay, n = self.layout, self.n_clients
         if n == 1:
@@ -184,6 +226,7 @@ class Network:
         """Every client sends its row to the server (rank 0); returns ``(n, ...)`` there, else None."""
         lay = self.layout
         local = np.ascontiguousarray(local)
+        self.check_rows(local)
         for k, client in enumerate(lay.local_clients):
             self.ledger.add(client, phase, local[k].nbytes)
         if lay.rank != 0:
@@ -204,6 +247,10 @@ class Network:
         message per rank carries it.
         """
         lay = self.layout
+        problem = None
+        if lay.rank == 0 and (vec is None or np.size(vec) != np.prod(shape, dtype=np.int64)):
+            problem = f"the server's vector has {np.size(vec)} values, the clients expect shape {tuple(shape)}"
+        self.agree(problem)
         if lay.rank == 0:
             vec = np.ascontiguousarray(vec, dtype=dtype).reshape(shape)
             self.ledger.add_server(phase, vec.nbytes * self.n_clients)
@@ -221,6 +268,10 @@ class Network:
         lay = self.layout
         owners = lay.owner(clients)
         mine = np.flatnonzero(owners == lay.rank)
+        problem = None
+        if lay.rank == 0 and np.shape(rows) != (len(clients), *shape):
+            problem = f"the server has rows of shape {np.shape(rows)} for {len(clients)} clients of shape {tuple(shape)}"
+        self.agree(problem)
         if lay.rank == 0:
             rows = np.ascontiguousarray(rows, dtype=dtype)
             self.ledger.add_server(phase, rows.nbytes)

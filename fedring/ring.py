@@ -29,15 +29,24 @@ def _add(mine: np.ndarray, incoming: np.ndarray) -> None:
     mine += incoming
 
 
-def reduce_scatter(net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "reduce_scatter") -> None:
-    """In place: afterwards client ``i``'s row holds the ring sum of chunk ``(i + 1) mod n``."""
+def reduce_scatter(net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "reduce_scatter",
+                   check: bool = True) -> None:
+    """In place: afterwards client ``i``'s row holds the ring sum of chunk ``(i + 1) mod n``.
+
+    ``check=False`` skips :meth:`Network.check_rows` for rows the caller made itself.
+    """
+    if check:
+        net.check_rows(rows)
     n = net.n_clients
     for s in range(n - 1):
         net.ring_step(rows, bounds, lambda i: (i - s) % n, _add, phase)
 
 
-def all_gather(net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "all_gather") -> None:
+def all_gather(net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "all_gather",
+               check: bool = True) -> None:
     """In place: client ``i`` starts owning chunk ``(i + 1) mod n``; afterwards every row holds all chunks."""
+    if check:
+        net.check_rows(rows)
     n = net.n_clients
     for s in range(n - 1):
         net.ring_step(rows, bounds, lambda i: (i + 1 - s) % n, None, phase)
@@ -62,7 +71,8 @@ def ring_allreduce(net: Network, rows: np.ndarray) -> np.ndarray:
     The BRACE paper's Fig. 1 (n = d = 3): clients hold [5, 2, -10], [8, -4, 7] and
     [9, 3, 8]; every client ends with [22, 1, 5].
     """
+    net.check_rows(rows)
     bounds = chunk_bounds(rows.shape[1], net.n_clients)
-    reduce_scatter(net, rows, bounds)
-    all_gather(net, rows, bounds)
+    reduce_scatter(net, rows, bounds, check=False)
+    all_gather(net, rows, bounds, check=False)
     return rows
