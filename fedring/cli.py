@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from .config import Config, load_toml, merge, parse_value, validate
 from .errors import ConfigError
-from .runtime import Guard, StopRequest, agree_on_config_error
+from .runtime import Watchdog, agree_on_config_error
 
 # subcommand -> (module, function), imported only when used
 SUBCOMMANDS = {
@@ -85,22 +85,23 @@ def build_config(argv: list[str], world_size: int) -> Config:
 
 
 def run(argv: list[str]) -> int:
-    stop = StopRequest()
+    watchdog = Watchdog.start()  # first: a signal from now on asks for a clean stop
     from .training import Trainer, train  # torch is imported only for training
 
     comm = MPI.COMM_WORLD
-    guard = Guard(comm)
 
     def job() -> int:
         error, trainer = None, None
         try:
-            trainer = Trainer(build_config(argv, comm.size), comm)
+            cfg = build_config(argv, comm.size)
+            watchdog.grace = cfg.stop_grace
+            trainer = Trainer(cfg, comm)
         except ConfigError as e:
             error = e
         agree_on_config_error(comm, error)
-        return train(trainer, guard, stop)
+        return train(trainer, watchdog)
 
-    return guard.run(job)
+    return watchdog.run(job)
 
 
 #: ``python -m fedring`` with no options: the BRACE paper's headline case, BRACE against an
@@ -155,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     elif argv[:1] == ["sweep"]:
         from .sweep import main as sweep_main
 
+        if MPI.COMM_WORLD.size > 1 and not argv[1:2] == ["--check-world-size"]:
+            error = ConfigError("sweep", "runs in one process and starts the MPI jobs itself: run it without mpiexec")
+            try:
+                agree_on_config_error(MPI.COMM_WORLD, error)
+            except SystemExit as e:
+                return int(e.code)
         return sweep_main(argv[1:])
     elif argv and not argv[0].startswith("-"):
         key = tuple(argv[:2])

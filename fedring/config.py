@@ -49,6 +49,7 @@ class Config:
     eval_every: int = 50
     threads: int = 1
     checkpoint_every: int = 10
+    stop_grace: float = 30.0
     out: str | None = None
     overwrite: bool = False
     resume: bool = False
@@ -165,6 +166,8 @@ def validate(cfg: Config, world_size: int) -> Config:
     if cfg.declared_f is not None and not 0 <= cfg.declared_f < cfg.clients:
         raise ConfigError("declared_f", f"must be in [0, clients), got {cfg.declared_f}")
     positive("seed", 0)
+    if not cfg.stop_grace > 0:
+        raise ConfigError("stop_grace", f"must be > 0 seconds, got {cfg.stop_grace}")
     if not cfg.lr > 0:
         raise ConfigError("lr", f"must be > 0, got {cfg.lr}")
     from .schedules import SCHEDULES, make_schedule
@@ -224,7 +227,7 @@ def defence_f(cfg: Config) -> int:
 
 
 #: Settings that steer a run without changing its results; --resume ignores them.
-RUN_CONTROL = ("out", "overwrite", "resume", "quiet", "checkpoint_every")
+RUN_CONTROL = ("out", "overwrite", "resume", "quiet", "checkpoint_every", "stop_grace")
 
 
 def config_differences(stored: dict, current: dict) -> list[str]:

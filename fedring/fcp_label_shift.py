@@ -1715,10 +1715,14 @@ def _make_experiment(cfg: Config, comm):
     return LogitsExperiment(logits, labels, cfg.seed, cfg.temperature)
 
 
-def _resolve(cfg: Config, exp) -> None:
-    """Validate, and resolve the settings that depend on the experiment (number of agents)."""
+def _resolve(cfg: Config, exp, size: int = 1) -> None:
+    """Validate, and resolve the settings that depend on the experiment (number of agents) and
+    the number of MPI ranks."""
     cfg.validate()
     n = exp.n_agents
+    if n < size:
+        raise ConfigError("ranks", f"the {exp.name} experiment has {n} agents and each MPI rank hosts at least one: "
+                          f"run it on at most {n} ranks, got {size}")
     if cfg.targets is None:
         cfg.targets = [exp.default_target]
     elif cfg.targets == []:
@@ -1740,7 +1744,7 @@ def run(cfg: Config, exp, comm=None, log=None, guard=None) -> dict | None:
     from fedring.comm import Layout, Network
 
     comm = MPI.COMM_WORLD if comm is None else comm
-    _resolve(cfg, exp)
+    _resolve(cfg, exp, comm.size)
     net = Network(Layout(exp.n_agents, comm))
     job = _Run(cfg, exp.sizes, exp.n_classes, net)
     server = comm.rank == 0
@@ -1748,7 +1752,7 @@ def run(cfg: Config, exp, comm=None, log=None, guard=None) -> dict | None:
     methods += [f[0] for f in job.fed]
     writer = _Writer(cfg.out, cfg, exp, methods, job.fed) if (server and cfg.out) else None
     if writer and guard is not None:
-        guard.on_failure.append(lambda: writer.finish("failed"))
+        guard.on_abort.append(writer.finish)
     collected: dict = {"coverage": {m: [] for m in methods}, "set_size": {m: [] for m in methods},
                        "gap": {f[0]: [] for f in job.fed}, "eps": {f[0]: [] for f in job.fed}}
     status = "failed"
@@ -1835,7 +1839,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     from mpi4py import MPI
 
-    from fedring.runtime import Guard, agree_on_config_error
+    from fedring.runtime import Watchdog, agree_on_config_error
 
     comm = MPI.COMM_WORLD
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -1845,7 +1849,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             cfg = parse_config(argv)
             exp = _make_experiment(cfg, comm)
-            _resolve(cfg, exp)
+            _resolve(cfg, exp, comm.size)
         except ConfigError as e:
             error = e
         agree_on_config_error(comm, error)
@@ -1862,7 +1866,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"results: {cfg.out}")
         return 0
 
-    guard = Guard(comm)
+    guard = Watchdog.start()
     try:
         return guard.run(job)
     except SystemExit as e:

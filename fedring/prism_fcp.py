@@ -1180,7 +1180,7 @@ def main(argv: list[str]) -> int:
     from mpi4py import MPI
 
     from fedring.results import ResultsFile
-    from fedring.runtime import Guard, agree_on_config_error
+    from fedring.runtime import Watchdog, agree_on_config_error
 
     comm = MPI.COMM_WORLD
     error = setup = None
@@ -1193,7 +1193,7 @@ def main(argv: list[str]) -> int:
     except SystemExit as e:
         return int(e.code)
     args, cfg, cases, out, standin_dir = setup
-    guard = Guard(comm)
+    guard = Watchdog.start()
 
     def job() -> int:
         data = _load_data(cfg, standin_dir, args.seed, comm)
@@ -1206,7 +1206,7 @@ def main(argv: list[str]) -> int:
                                         "n_clients": cfg.n_clients}, overwrite=args.overwrite)
             results.h5.require_group("calibration").attrs["cases"] = json.dumps(
                 [asdict(c) | {"label": c.label} for c in cases])
-            guard.on_failure.append(lambda: results.close("failed"))
+            guard.on_abort.append(results.close)
         quiet = args.quiet or comm.rank != 0
 
         def on_trial(t: int, rec: dict) -> None:

@@ -8,11 +8,13 @@ Layout::
     /comm/bytes_sent        (rounds, clients) protocol bytes each client sent in each round
     /comm/server_bytes_sent (rounds,) bytes the server sent (server topology)
     /model/final            final flat float32 parameter vector
-    /checkpoint             model, aggregator state and counters of the last checkpointed round
-                            (attrs: round, bytes_sent_total, wall_seconds); --resume starts there
+    /checkpoint             two slots, ``a`` and ``b``; attr ``current`` names the one holding the
+                            last checkpoint (model, aggregator state; attrs round,
+                            bytes_sent_total, wall_seconds); --resume starts there
 
 Every append is followed by a flush, so a reader (or a killed job) finds every completed
-round. A new file is first written as ``<out>.part`` and renamed once it has a valid
+round. A checkpoint is written into the slot that is not current, flushed, and only then
+made current: a job killed while checkpointing leaves the previous checkpoint intact. A new file is first written as ``<out>.part`` and renamed once it has a valid
 header, so a failed start never leaves a half-written file under the final name. The file
 keeps HDF5's default (oldest compatible) format on purpose: the newer superblock marks a
 file "open for write" until a clean close, and a killed job's file would then refuse to
@@ -28,6 +30,15 @@ import h5py
 import numpy as np
 
 from . import __version__
+
+
+def read_checkpoint(h5: h5py.File) -> tuple[dict[str, np.ndarray], dict] | None:
+    """The current checkpoint of an open results file: (arrays, attrs), or None if it has none."""
+    root = h5.get("checkpoint")
+    if root is None or "current" not in root.attrs:
+        return None
+    slot = root[root.attrs["current"]]
+    return {name: ds[()] for name, ds in slot.items()}, {k: v.item() for k, v in slot.attrs.items()}
 
 
 class ResultsFile:
@@ -98,14 +109,24 @@ class ResultsFile:
         self.h5.flush()
 
     def write_checkpoint(self, arrays: dict[str, np.ndarray], attrs: dict) -> None:
-        """Replace ``/checkpoint`` with ``arrays`` and ``attrs`` in one flush."""
-        if "checkpoint" in self.h5:
-            del self.h5["checkpoint"]
-        group = self.h5.create_group("checkpoint")
+        """Write ``arrays`` and ``attrs`` into the spare checkpoint slot, flush, then make it current."""
+        root = self.h5.require_group("checkpoint")
+        slot = root.require_group("b" if root.attrs.get("current") == "a" else "a")
+        for name in set(slot) - set(arrays):
+            del slot[name]
         for name, value in arrays.items():
-            group.create_dataset(name, data=value)
+            value = np.asarray(value)
+            if name in slot and (slot[name].shape, slot[name].dtype) == (value.shape, value.dtype):
+                slot[name][...] = value  # in place: the file does not grow
+            else:
+                if name in slot:
+                    del slot[name]
+                slot.create_dataset(name, data=value)
+        slot.attrs.clear()
         for key, value in attrs.items():
-            group.attrs[key] = value
+            slot.attrs[key] = value
+        self.h5.flush()
+        root.attrs["current"] = slot.name.rsplit("/", 1)[1]
         self.h5.flush()
 
     def write(self, name: str, data) -> None:

@@ -1,16 +1,28 @@
-"""Failure handling across ranks: no exception on any rank may leave ``mpirun`` hanging.
+"""Running one job on every rank: no exception, bad setting or signal may leave ``mpirun`` hanging.
 
 - Configuration errors are found on every rank before any work; the ranks agree with one
-  collective that somebody failed, and all exit with code 2 (the failing rank says why).
+  collective that somebody failed, and all exit with code 2 (rank 0 says why, once). A check
+  only rank 0 can make (a file it reads) is made there and its verdict broadcast
+  (:func:`on_rank0`).
+- SIGTERM, SIGINT and SIGUSR1 (``scancel``, Ctrl-C, SLURM's ``--signal``) ask the job to stop
+  after the current round or trial: it checkpoints, marks its file ``preempted`` and exits
+  with code 75. If it has not stopped within ``stop_grace`` seconds (a rank stuck in MPI, a
+  hung or stopped peer), or on a second signal, the :class:`Watchdog` marks the file
+  ``preempted`` (every completed round is in it; ``--resume`` continues from the last
+  checkpoint) and calls ``MPI_Abort``: the job ends. Python's C-level signal handler writes
+  the signal number into a pipe even while the main thread is blocked in an MPI call, and a
+  watchdog thread on every rank reads it.
 - Any other exception ends the whole job within seconds: the rank prints its traceback;
-  rank 0 marks the results file ``failed`` and calls ``MPI_Abort``. Another rank first tells
-  rank 0 through a private communicator, on which a watchdog thread of rank 0 listens, so
-  the file is marked even while rank 0 is blocked in a message; if rank 0 does not act
-  within a few seconds, the failing rank aborts the job itself.
+  rank 0 marks the file ``failed`` and calls ``MPI_Abort``. Another rank first tells rank 0
+  through a private communicator, which rank 0's watchdog thread polls, so the file is
+  marked even while rank 0 is blocked in a message; if rank 0 does not act within a few
+  seconds, the failing rank aborts the job itself.
 """
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import sys
 import threading
@@ -22,8 +34,15 @@ from mpi4py import MPI
 
 from .errors import ConfigError
 
-_ERROR_TAG = 77
 EXIT_CONFIG = 2
+#: exit code of a job stopped by a signal after checkpointing (EX_TEMPFAIL): requeue it
+EXIT_PREEMPTED = 75
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+_ERROR_TAG = 77
+#: how much longer than rank 0 the other ranks wait before aborting, so rank 0 marks the file
+_PEER_MARGIN = 10.0
+#: how long marking the file may take before the abort goes ahead anyway (a hung file system)
+_MARK_TIMEOUT = 10.0
 
 
 def agree_on_config_error(comm: MPI.Comm, error: ConfigError | None) -> None:
@@ -42,55 +61,139 @@ def agree_on_config_error(comm: MPI.Comm, error: ConfigError | None) -> None:
     raise SystemExit(EXIT_CONFIG)
 
 
-class Guard:
-    """Turns an exception on any rank into a prompt, clean abort of the whole job."""
+def on_rank0(comm: MPI.Comm, fn: Callable[[], object]):
+    """Collective: ``fn()`` runs on rank 0 only; every rank returns its result or raises its ConfigError."""
+    result = error = None
+    if comm.rank == 0:
+        try:
+            result = fn()
+        except ConfigError as e:
+            error = (e.key, e.message)
+    error, result = comm.bcast((error, result), root=0)
+    if error is not None:
+        raise ConfigError(*error)
+    return result
 
-    def __init__(self, comm: MPI.Comm | None = None, grace_seconds: float = 5.0):
-        self.comm = (MPI.COMM_WORLD if comm is None else comm).Dup()
-        self.grace = grace_seconds
-        self.on_failure: list[Callable[[], None]] = []
-        self._stop = threading.Event()
-        self._thread = None
-        if self.comm.rank == 0 and self.comm.size > 1:
-            self._thread = threading.Thread(target=self._watch, name="fedring-watchdog", daemon=True)
-            self._thread.start()
+
+class Watchdog:
+    """One per process (:meth:`start`, first thing): stop signals with a deadline, failures that abort.
+
+    Jobs run through :meth:`run`; ``on_abort`` callbacks (rank 0, cleared after each job)
+    get the status to leave in the results file (``failed`` or ``preempted``) just before
+    the job is aborted. ``grace`` is the job's ``stop_grace`` setting.
+    """
+
+    _instance: "Watchdog | None" = None
+
+    @classmethod
+    def start(cls) -> "Watchdog":
+        """The process's watchdog, installed on first use (signal handlers are per process)."""
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def __init__(self, comm: MPI.Comm | None = None, grace: float = 30.0, fail_grace: float = 5.0):
+        world = MPI.COMM_WORLD if comm is None else comm
+        self.comm = world.Dup()  # failure reports, polled by rank 0's thread
+        self._stop_comm = world.Dup()  # the per-round stop agreement, on the main thread
+        self.grace, self.fail_grace = grace, fail_grace
+        self.on_abort: list[Callable[[str], None]] = []
+        self.signal: int | None = None
+        self._deadline: float | None = None
+        self._running = False
+        self._pipe, wakeup = os.pipe()
+        os.set_blocking(wakeup, False)
+        signal.set_wakeup_fd(wakeup, warn_on_full_buffer=False)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._note)
+        threading.Thread(target=self._watch, name="fedring-watchdog", daemon=True).start()
+
+    # ---- stop signals ----------------------------------------------------------------
+
+    def _note(self, signum, frame) -> None:
+        """Python-level handler (runs when the main thread runs Python); the thread does the rest."""
+        if self.signal is None:
+            self.signal = signum
+
+    def stop_requested(self) -> bool:
+        """Collective: did any rank get a stop signal? (One tiny all-reduce per round.)"""
+        return self._stop_comm.allreduce(self.signal is not None, op=MPI.LOR)
+
+    def _signalled(self, signum: int) -> None:
+        now = time.monotonic()
+        margin = 0.0 if self.comm.rank == 0 else _PEER_MARGIN
+        if self._deadline is not None:  # a second signal: do not wait any longer
+            self._deadline = min(self._deadline, now + margin)
+            return
+        self.signal = self.signal or signum
+        self._deadline = now + self.grace + margin
+        if self.comm.rank == 0:
+            name = signal.Signals(signum).name
+            print(f"fedring: {name}: stopping after the current round (aborting if that takes more than "
+                  f"{self.grace:g} s; a second signal aborts at once)", file=sys.stderr, flush=True)
+
+    # ---- the watchdog thread ---------------------------------------------------------
 
     def _watch(self) -> None:
         status = MPI.Status()
-        while not self._stop.wait(0.1):
-            if self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=_ERROR_TAG, status=status):
+        polls_errors = self.comm.rank == 0 and self.comm.size > 1
+        while True:
+            if select.select([self._pipe], [], [], 0.1)[0]:
+                for signum in os.read(self._pipe, 64):
+                    if signum in STOP_SIGNALS:
+                        self._signalled(signum)
+            if polls_errors and self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=_ERROR_TAG, status=status):
                 self.comm.recv(source=status.Get_source(), tag=_ERROR_TAG)
-                self._fail_and_abort()
+                self._abort("failed", 1)
+            if self._running and self._deadline is not None and time.monotonic() >= self._deadline:
+                sys.stderr.write(f"fedring: rank {self.comm.rank}: the job did not stop cleanly after "
+                                 f"{signal.Signals(self.signal).name}; aborting it (results file: preempted, "
+                                 "resume from its last checkpoint)\n")
+                self._abort("preempted", EXIT_PREEMPTED)
 
-    def _fail_and_abort(self) -> None:
-        for callback in self.on_failure:
-            try:
-                callback()
-            except Exception:  # the abort must happen whatever the callback does
-                traceback.print_exc()
+    def _abort(self, status: str, code: int) -> None:
+        """Mark the file (rank 0; given up on after a while) and end the whole job."""
+        if self.comm.rank == 0 and self.on_abort:
+
+            def mark():
+                for callback in self.on_abort:
+                    try:
+                        callback(status)
+                    except Exception:  # the abort must happen whatever the callback does
+                        traceback.print_exc()
+
+            marker = threading.Thread(target=mark, daemon=True)
+            marker.start()
+            marker.join(_MARK_TIMEOUT)
         sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+        MPI.COMM_WORLD.Abort(code)
+
+    # ---- failures --------------------------------------------------------------------
 
     def fail(self, exc: BaseException) -> None:
-        """Report ``exc`` with its traceback and end the whole job; does not return."""
+        """Report ``exc`` and end the whole job; does not return.
+
+        A :class:`ConfigError` that escapes the setup phase is reported as one line (exit 2);
+        anything else with its traceback (exit 1).
+        """
         rank = self.comm.rank
-        text = "".join(traceback.format_exception(exc))
-        sys.stderr.write(f"fedring: rank {rank} failed:\n{text}")
+        if isinstance(exc, ConfigError):
+            sys.stderr.write(f"fedring: error (rank {rank}): {exc}\n")
+            code = EXIT_CONFIG
+        else:
+            sys.stderr.write(f"fedring: rank {rank} failed:\n{''.join(traceback.format_exception(exc))}")
+            code = 1
         sys.stderr.flush()
-        if rank == 0:
-            self._fail_and_abort()
+        if rank == 0 or self.comm.size == 1:
+            self._abort("failed", code)
         # Tell rank 0 so it marks the results file; abort ourselves if it does not act.
         self.comm.isend(rank, dest=0, tag=_ERROR_TAG)
-        time.sleep(self.grace)
-        MPI.COMM_WORLD.Abort(1)
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        time.sleep(self.fail_grace)
+        MPI.COMM_WORLD.Abort(code)
 
     def run(self, fn: Callable[[], int]) -> int:
         """Run ``fn``; a ``SystemExit`` passes through, any other exception aborts the job."""
+        self._running = True
         try:
             return fn()
         except SystemExit:
@@ -99,21 +202,5 @@ class Guard:
             self.fail(exc)
             raise  # unreachable: fail() aborts
         finally:
-            self.close()
-
-
-class StopRequest:
-    """SIGTERM / SIGUSR1 (SLURM's warning before a time limit or preemption) ask the run to
-    stop after the current round. Installed first thing, so an early signal is not fatal;
-    the ranks agree on it with one tiny collective per round."""
-
-    def __init__(self):
-        self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
-
-    def agreed(self, comm: MPI.Comm) -> bool:
-        return comm.allreduce(self.requested, op=MPI.LOR)
+            self._running = False
+            self.on_abort.clear()

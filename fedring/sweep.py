@@ -86,6 +86,7 @@ from typing import Any
 
 from .config import FIELDS, RUN_CONTROL, Config, config_differences, load_toml, merge, parse_value, validate
 from .errors import ConfigError
+from .results import read_checkpoint
 
 JOBS_DIR = Path(__file__).resolve().parents[1] / "jobs"
 HASH_DIGITS = 12
@@ -341,7 +342,7 @@ def file_state(path: str | Path) -> FileState:
             attrs = f.attrs
             status = attrs.get("status", "unknown")
             config = json.loads(attrs["config"]) if "config" in attrs else None
-            return FileState(str(status), config, "checkpoint" in f, int(attrs.get("rounds_completed", 0)))
+            return FileState(str(status), config, read_checkpoint(f) is not None, int(attrs.get("rounds_completed", 0)))
     except BlockingIOError:
         return FileState("live", detail="another process holds its HDF5 file lock")
     except (OSError, ValueError, KeyError) as e:

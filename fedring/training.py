@@ -28,15 +28,13 @@ from .config import Config, byzantine_count, config_differences, defence_f
 from .data import FederatedData, Shard
 from .errors import ConfigError
 from .models import flat_grad_into, flatten, load_flat, make_model
-from .results import ResultsFile
+from .results import ResultsFile, read_checkpoint
 from .ring import ring_allreduce
-from .runtime import Guard, StopRequest
+from .runtime import EXIT_PREEMPTED, Watchdog, on_rank0
 from .schedules import make_schedule
 
 STREAM_BATCH, STREAM_POISON, STREAM_ATTACK, STREAM_AGGREGATOR = 1, 2, 3, 4
 EVAL_BATCH = 500
-#: exit code of a run stopped by SIGTERM/SIGUSR1 after checkpointing (EX_TEMPFAIL): requeue it
-EXIT_PREEMPTED = 75
 
 
 def client_rng(seed: int, client: int, t: int, stream: int) -> np.random.Generator:
@@ -152,6 +150,35 @@ class Adversary:
         grads[local] = mine
 
 
+def stored_checkpoint(cfg: Config) -> dict:
+    """The checkpoint ``--resume`` continues from: ``w``, the aggregator ``state`` and counters.
+
+    Raises ConfigError (the agreed exit 2, nothing written) unless ``cfg.out`` is a readable
+    fedring results file of the same settings that is not complete and has a checkpoint.
+    """
+    import h5py
+
+    try:
+        with h5py.File(cfg.out, "r") as f:
+            stored = json.loads(f.attrs["config"])
+            diff = config_differences(stored, json.loads(cfg.to_json()))
+            if diff:
+                raise ConfigError("resume", f"{cfg.out} was written with other settings: {'; '.join(diff)}")
+            if f.attrs["status"] == "complete":
+                raise ConfigError("resume", f"{cfg.out} is already complete: nothing to resume")
+            found = read_checkpoint(f)
+    except ConfigError:
+        raise
+    except (OSError, KeyError, ValueError) as e:
+        raise ConfigError("resume", f"{cfg.out} is not a readable fedring results file ({type(e).__name__}: {e}); "
+                          "it is left as it is: remove it, or start afresh with --overwrite") from None
+    if found is None:
+        raise ConfigError("resume", f"{cfg.out} has no checkpoint: start it again with --overwrite")
+    arrays, attrs = found
+    return {"w": arrays["w"], "state": {k[len("state_"):]: np.array(v) for k, v in arrays.items() if k.startswith("state_")},
+            **attrs}
+
+
 class Trainer:
     """The state of one run on one rank: its clients' data, the model replica, the network."""
 
@@ -182,28 +209,9 @@ class Trainer:
             self._load_checkpoint()
 
     def _load_checkpoint(self) -> None:
-        """Rank 0 reads and checks the stored run; every rank gets the model and round."""
-        import h5py
-
-        ckpt = None
-        if self.comm.rank == 0:
-            with h5py.File(self.cfg.out, "r") as f:
-                stored = json.loads(f.attrs["config"])
-                current = json.loads(self.cfg.to_json())
-                diff = config_differences(stored, current)
-                if diff:
-                    raise ConfigError("resume", f"{self.cfg.out} was written with other settings: {'; '.join(diff)}")
-                if f.attrs["status"] == "complete":
-                    raise ConfigError("resume", f"{self.cfg.out} is already complete: nothing to resume")
-                if "checkpoint" not in f:
-                    raise ConfigError("resume", f"{self.cfg.out} has no checkpoint: start it again with --overwrite")
-                g = f["checkpoint"]
-                ckpt = {
-                    "w": g["w"][:],
-                    "state": {k[len("state_"):]: np.array(g[k]) for k in g if k.startswith("state_")},
-                    **{k: g.attrs[k].item() for k in g.attrs},
-                }
-        ckpt = self.comm.bcast(ckpt, root=0)
+        """Rank 0 reads and checks the stored run; every rank gets the model and round, or the
+        same ConfigError (a complete file, another config, no checkpoint, an unreadable file)."""
+        ckpt = on_rank0(self.comm, lambda: stored_checkpoint(self.cfg))
         self.w[:] = ckpt["w"]
         load_flat(self.model, self.w)
         self.topology.state.update(ckpt["state"])
@@ -371,13 +379,13 @@ def open_results(tr: Trainer) -> ResultsFile:
     return results
 
 
-def train(tr: Trainer, guard: Guard, stop: StopRequest) -> int:
+def train(tr: Trainer, watchdog: Watchdog) -> int:
     """Run (or resume) a whole training job; rank 0 streams results into ``cfg.out``."""
     cfg, comm, rank0 = tr.cfg, tr.comm, tr.comm.rank == 0
     results = open_results(tr) if rank0 else None
     if rank0:
         results.h5.attrs["world_size"] = comm.size
-        guard.on_failure.append(lambda: results.close("failed"))
+        watchdog.on_abort.append(results.close)
     progress = Progress(cfg.rounds, cfg.quiet or not rank0, tr.resumed.get("wall_seconds", 0.0), tr.start_round)
     total_bytes = int(tr.resumed.get("bytes_sent_total", 0))
     for t in range(tr.start_round, cfg.rounds):
@@ -408,7 +416,7 @@ def train(tr: Trainer, guard: Guard, stop: StopRequest) -> int:
             results.append_round(metrics, rows, rounds_completed=rnd)
             if evaluated:
                 progress.line(rnd, scores["test_accuracy"], total_bytes)
-        stopping = stop.agreed(comm) and rnd < cfg.rounds
+        stopping = watchdog.stop_requested() and rnd < cfg.rounds
         if rank0 and (rnd % cfg.checkpoint_every == 0 or stopping):
             results.write_checkpoint(
                 tr.checkpoint_arrays(),

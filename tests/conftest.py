@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,18 @@ def crash_at_round(tmp_path: Path, ranks: int, round_: int, args: list[str]) -> 
     proc = run_mpi(ranks, [str(script), str(round_), *args], check=False)
     assert proc.returncode != 0 and "injected failure on purpose" in proc.stderr
     return proc
+
+
+def wait_for_unlock(path: Path, seconds: float = 30) -> None:
+    """Wait until no process holds the HDF5 file lock of ``path`` (a killed rank's lock goes
+    with its last file descriptor, which may outlive the launcher by a moment)."""
+    import h5py
+
+    deadline = time.time() + seconds
+    while True:
+        try:
+            h5py.File(path, "r").close()
+            return
+        except BlockingIOError:
+            assert time.time() < deadline, f"{path} is still locked: a rank survived"
+            time.sleep(0.2)

@@ -139,7 +139,9 @@ def write_result(path, cfg: Config, status: str, checkpoint: bool = False, round
         f.attrs["status"] = status
         f.attrs["rounds_completed"] = rounds
         if checkpoint:
-            f.create_group("checkpoint").attrs["round"] = rounds
+            root = f.create_group("checkpoint")
+            root.attrs["current"] = "a"
+            root.create_group("a").attrs["round"] = rounds
 
 
 def test_file_states(tmp_path):
