@@ -19,3 +19,11 @@ class ConfigError(ValueError):
         super().__init__(f"{key}: {message}")
         self.key = key
         self.message = message
+
+
+class ResultsError(RuntimeError):
+    """The results file cannot be written (its file system is full, or it may not grow).
+
+    Reported as one message, without a traceback: the file keeps every round written before,
+    and ``--resume`` continues from its last checkpoint once there is room.
+    """

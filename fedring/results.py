@@ -13,7 +13,11 @@ Layout::
                             bytes_sent_total, wall_seconds); --resume starts there
 
 Every append is followed by a flush, so a reader (or a killed job) finds every completed
-round. A checkpoint is written into the slot that is not current, flushed, and only then
+round. Before each write the file system must have room for it plus a reserve (so the final
+``status`` can always be written); without room the write is refused with a
+:class:`ResultsError` and the file keeps every earlier round. A write that fails anyway leaves
+the file as of its last flush: it is never flushed again, since HDF5 would then record space
+it could not write and the whole file would become unreadable. A checkpoint is written into the slot that is not current, flushed, and only then
 made current: a job killed while checkpointing leaves the previous checkpoint intact. A new file is first written as ``<out>.part`` and renamed once it has a valid
 header, so a failed start never leaves a half-written file under the final name. The file
 keeps HDF5's default (oldest compatible) format on purpose: the newer superblock marks a
@@ -23,13 +27,21 @@ open without ``h5clear``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 from pathlib import Path
 
 import h5py
 import numpy as np
 
 from . import __version__
+from .errors import ResultsError
+
+#: free space kept in the file system beyond each write, for the final status
+RESERVE = 1 << 20
+#: allowance for the metadata and chunk rounding of one write
+SLACK = 64 << 10
 
 
 def read_checkpoint(h5: h5py.File) -> tuple[dict[str, np.ndarray], dict] | None:
@@ -87,6 +99,30 @@ class ResultsFile:
         os.replace(part, self.path)
         self.h5 = h5py.File(self.path, "r+")
 
+    broken = False
+
+    @contextlib.contextmanager
+    def _writing(self, nbytes: int):
+        """Refuse a write of about ``nbytes`` without room for it; never flush again after a failed one."""
+        if self.broken:
+            raise ResultsError(f"{self.path} could not be written earlier; nothing more is written to it")
+        room = os.statvfs(self.path.parent)
+        free = room.f_bavail * room.f_frsize
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            free = min(free, limit - self.path.stat().st_size)
+        if free < nbytes + SLACK + RESERVE:
+            raise ResultsError(
+                f"{self.path} cannot grow: {free / 2**20:.1f} MiB left for it, the next write needs "
+                f"{(nbytes + SLACK) / 2**20:.1f} MiB plus {RESERVE >> 20} MiB in reserve; the file keeps every "
+                "round so far; make room, then --resume continues from its last checkpoint")
+        try:
+            yield
+        except OSError as e:
+            self.broken = True
+            raise ResultsError(f"{self.path} could not be written ({e.strerror or e}); it keeps every round up to "
+                               "the last one written; make room, then --resume continues from its last checkpoint") from e
+
     def _append(self, name: str, value, dtype=None) -> None:
         value = np.asarray(value, dtype=dtype)
         if name not in self.h5:
@@ -100,16 +136,22 @@ class ResultsFile:
 
     def append_round(self, metrics: dict, rows: dict | None = None, rounds_completed: int | None = None) -> None:
         """Append one entry to every ``/metrics/<name>`` and one row to each ``rows`` dataset, then flush."""
-        for name, value in metrics.items():
-            self._append(f"metrics/{name}", value)
-        for name, value in (rows or {}).items():
-            self._append(name, value)
-        if rounds_completed is not None:
-            self.h5.attrs["rounds_completed"] = rounds_completed
-        self.h5.flush()
+        rows = rows or {}
+        with self._writing(sum(np.asarray(v).nbytes for v in [*metrics.values(), *rows.values()])):
+            for name, value in metrics.items():
+                self._append(f"metrics/{name}", value)
+            for name, value in rows.items():
+                self._append(name, value)
+            if rounds_completed is not None:
+                self.h5.attrs["rounds_completed"] = rounds_completed
+            self.h5.flush()
 
     def write_checkpoint(self, arrays: dict[str, np.ndarray], attrs: dict) -> None:
         """Write ``arrays`` and ``attrs`` into the spare checkpoint slot, flush, then make it current."""
+        with self._writing(sum(np.asarray(v).nbytes for v in arrays.values())):
+            self._write_checkpoint(arrays, attrs)
+
+    def _write_checkpoint(self, arrays: dict[str, np.ndarray], attrs: dict) -> None:
         root = self.h5.require_group("checkpoint")
         slot = root.require_group("b" if root.attrs.get("current") == "a" else "a")
         for name in set(slot) - set(arrays):
@@ -130,17 +172,16 @@ class ResultsFile:
         self.h5.flush()
 
     def write(self, name: str, data) -> None:
-        if name in self.h5:
-            del self.h5[name]
-        self.h5.create_dataset(name, data=data)
-        self.h5.flush()
-
-    def set_status(self, status: str) -> None:
-        self.h5.attrs["status"] = status
-        self.h5.flush()
+        with self._writing(np.asarray(data).nbytes):
+            if name in self.h5:
+                del self.h5[name]
+            self.h5.create_dataset(name, data=data)
+            self.h5.flush()
 
     def close(self, status: str | None = None) -> None:
-        if self.h5.id.valid:
-            if status is not None:
-                self.h5.attrs["status"] = status
-            self.h5.close()
+        """Set ``status`` and close; a file whose write failed is left as of its last flush."""
+        if self.broken or not self.h5.id.valid:
+            return
+        if status is not None:
+            self.h5.attrs["status"] = status
+        self.h5.close()

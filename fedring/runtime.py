@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from mpi4py import MPI
 
-from .errors import ConfigError
+from .errors import ConfigError, ResultsError
 
 EXIT_CONFIG = 2
 #: exit code of a job stopped by a signal after checkpointing (EX_TEMPFAIL): requeue it
@@ -173,13 +173,13 @@ class Watchdog:
     def fail(self, exc: BaseException) -> None:
         """Report ``exc`` and end the whole job; does not return.
 
-        A :class:`ConfigError` that escapes the setup phase is reported as one line (exit 2);
-        anything else with its traceback (exit 1).
+        A :class:`ConfigError` that escapes the setup phase is reported as one line (exit 2),
+        so is a :class:`ResultsError` (exit 1); anything else with its traceback (exit 1).
         """
         rank = self.comm.rank
-        if isinstance(exc, ConfigError):
+        if isinstance(exc, (ConfigError, ResultsError)):
             sys.stderr.write(f"fedring: error (rank {rank}): {exc}\n")
-            code = EXIT_CONFIG
+            code = EXIT_CONFIG if isinstance(exc, ConfigError) else 1
         else:
             sys.stderr.write(f"fedring: rank {rank} failed:\n{''.join(traceback.format_exception(exc))}")
             code = 1

@@ -11,7 +11,7 @@ import time
 import h5py
 import pytest
 
-from conftest import MPIEXEC, ROOT, fedring, mpi_env, wait_for_unlock
+from conftest import MPIEXEC, ROOT, fedring, mpi_env, run_mpi, wait_for_unlock
 
 RUN = ["--dataset", "synthetic", "--clients", "4", "--rounds", "3", "--eval-every", "1", "--quiet"]
 LONG = ["--dataset", "synthetic", "--clients", "4", "--rounds", "30", "--eval-every", "1", "--checkpoint-every", "2",
@@ -175,3 +175,25 @@ def test_ctrl_c_checkpoints_and_exits_75(tmp_path):
     assert proc.returncode == 75 and "SIGINT: stopping after the current round" in stderr
     with h5py.File(out, "r") as f:
         assert f.attrs["status"] == "preempted"
+
+
+FSIZE_LIMIT = """
+import resource, sys
+from mpi4py import MPI
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.RLIM_INFINITY))
+from fedring.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_results_file_that_cannot_grow_fails_clearly_and_keeps_every_round(tmp_path):
+    """The file may not grow past 3 MiB (as under ``ulimit -f``): the checkpoint of round 10
+    would pass the limit minus the reserve, so the job stops with one message before writing."""
+    script, out = tmp_path / "fsize.py", tmp_path / "x.h5"
+    script.write_text(FSIZE_LIMIT)
+    proc = run_mpi(2, [str(script), str(3 << 20), *LONG[:-1], "--rounds", "400", "--checkpoint-every", "5",
+                       "--out", str(out)], check=False, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"fedring: error (rank 0): {out} cannot grow: 1.5 MiB left for it" in proc.stderr
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "failed" and f["metrics/round"][:].tolist() == list(range(1, 11))
