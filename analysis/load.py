@@ -87,6 +87,8 @@ def read_run(path: Path, include_incomplete: bool = False) -> tuple[pd.DataFrame
         run["bytes_per_client_round"] = float(sent[:].mean()) if sent is not None and sent.size else np.nan
         server = f["comm/server_bytes_sent"] if "comm/server_bytes_sent" in f else None
         run["server_bytes_per_round"] = float(server[:].mean()) if server is not None and server.size else np.nan
+    # a metric named like a setting (the lr applied in a round vs the lr setting) keeps its HDF5 path
+    frame = frame.rename(columns={k: f"metrics/{k}" for k in frame.columns if k in run})
     for key, value in reversed(run.items()):
         frame.insert(0, key, value)
     return frame, None

@@ -24,7 +24,7 @@ import numpy as np
 
 
 def _parser():
-    from fedring.cli import ArgumentParser
+    from fedring.cli.run import ArgumentParser
 
     p = ArgumentParser(prog="python -m fedring bench prism", description=__doc__.split("\n\n")[0])
     p.add_argument("--iterations", type=int, default=1000)

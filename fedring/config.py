@@ -170,7 +170,7 @@ def validate(cfg: Config, world_size: int) -> Config:
         raise ConfigError("stop_grace", f"must be > 0 seconds, got {cfg.stop_grace}")
     if not cfg.lr > 0:
         raise ConfigError("lr", f"must be > 0, got {cfg.lr}")
-    from .schedules import SCHEDULES, make_schedule
+    from .train.schedules import SCHEDULES, make_schedule
 
     choice("lr_schedule", tuple(SCHEDULES))
     make_schedule(cfg.lr_schedule, cfg.section(cfg.lr_schedule))
@@ -194,7 +194,7 @@ def check_names(cfg: Config) -> None:
     """Components exist and fit the topology (their parameters are checked when they are built)."""
     from .aggregators import AGGREGATORS, PRE_AGGREGATORS
     from .attacks import ATTACKS
-    from .brace import RING_RULES
+    from .comm.brace import RING_RULES
 
     if cfg.topology == "ring" and cfg.aggregator not in ("mean", *RING_RULES):
         hint = " (a server rule: add --topology server)" if cfg.aggregator in AGGREGATORS else ""
@@ -208,7 +208,7 @@ def check_names(cfg: Config) -> None:
         raise ConfigError("attack", f"unknown attack {cfg.attack!r}; allowed: none, {', '.join(ATTACKS)}")
     if cfg.attack != "none" and byzantine_count(cfg) == 0:
         raise ConfigError("byzantine", f"--attack {cfg.attack} needs Byzantine clients: set --byzantine")
-    from .schedules import SCHEDULES
+    from .train.schedules import SCHEDULES
 
     known = {*AGGREGATORS, *PRE_AGGREGATORS, *RING_RULES, *(s for s in SCHEDULES if s != "constant"), "attack"}
     for section in cfg.sections:

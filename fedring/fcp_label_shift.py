@@ -979,9 +979,9 @@ class LogitsExperiment:
 def logits_from_run(run_h5: str, data_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Test-set logits of the model saved by a fedring training run (``/model/final``).
 
-    Rebuilds the model with :func:`fedring.models.make_model` from the run's ``config``
+    Rebuilds the model with :func:`fedring.train.models.make_model` from the run's ``config``
     attribute (``model``, ``seed``), loads the flat float32 parameters and evaluates the test set
-    of the run's data set with :mod:`fedring.data`'s preprocessing (pixels / 255): the
+    of the run's data set with :mod:`fedring.train.data`'s preprocessing (pixels / 255): the
     Fashion-MNIST IDX files (``data_dir``, else the run's ``data_dir``, ``$FEDRING_DATA`` or
     Debian's path), or the synthetic set.
     """
@@ -999,7 +999,7 @@ def logits_from_run(run_h5: str, data_dir: str | None = None) -> tuple[np.ndarra
         raise ConfigError("--model-from", f"cannot read {run_h5} as HDF5: {e}") from None
     import torch
 
-    from fedring import data, models
+    from fedring.train import data, models
 
     model = models.make_model(config.get("model", "cnn"), int(config.get("seed", 0)))
     if flat.size != models.n_parameters(model):

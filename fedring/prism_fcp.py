@@ -1057,7 +1057,7 @@ def run_trials(cfg: PrismConfig, cases: list[Case], trials: int, seed: int, link
 
 
 def _parser() -> argparse.ArgumentParser:
-    from fedring.cli import ArgumentParser
+    from fedring.cli.run import ArgumentParser
 
     p = ArgumentParser(prog="python -m fedring conformal prism",
                        description="PRISM-FCP, Rob-FCP and FCP (Lari, Arablouei, Werner 2026) over MPI; "

@@ -39,7 +39,7 @@ def fedring(n: int, *args: str, **kw) -> subprocess.CompletedProcess:
 #: ``python crash.py ROUND ARGS...``: fedring run ARGS, raising in round ROUND (0-based) on every rank.
 CRASH_AT_ROUND = """
 import sys
-import fedring.training as training
+import fedring.train.loop as training
 original = training.train_round
 def train_round(tr, t):
     if t == int(sys.argv[1]):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fedring.bench_aggregators import ENTRIES, PAPER, main
+from fedring.bench.aggregators import ENTRIES, PAPER, main
 from fedring.errors import ConfigError
 
 

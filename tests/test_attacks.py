@@ -120,7 +120,7 @@ def test_output_dtype_and_shape_follow_byz_for_every_model_attack():
             continue
         out = attack(byz, honest, ctx(n=11, f=3, aggregator=median))
         assert out.dtype == np.float32 and out.shape == byz.shape and out.flags.writeable, name
-        assert np.isfinite(out).all(), name
+        assert np.isfinite(out).all() == (name != "nonfinite"), name  # only this one sends NaN
 
 
 def test_same_seed_same_output_for_every_model_attack():

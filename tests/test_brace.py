@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from fedring.brace import RING_RULES, SignVote, count_dtype, paper_bytes
+from fedring.comm.brace import RING_RULES, SignVote, count_dtype, paper_bytes
 from fedring.comm import Layout, Network
 from fedring.errors import ConfigError
-from fedring.ring import chunk_bounds
+from fedring.comm.ring import chunk_bounds
 
 from conftest import run_mpi
 
@@ -166,9 +166,9 @@ def test_rlr_default_theta_is_a_fifth_of_the_clients():
 def test_docstring_examples():
     import doctest
 
-    import fedring.brace
+    import fedring.comm.brace
 
-    assert doctest.testmod(fedring.brace).failed == 0
+    assert doctest.testmod(fedring.comm.brace).failed == 0
 
 
 def test_update_geometry_of_the_paper_rule():
@@ -395,7 +395,7 @@ MPI_SCRIPT = """
 import sys, numpy as np
 from mpi4py import MPI
 from fedring.comm import Layout, Network
-from fedring.brace import SignVote
+from fedring.comm.brace import SignVote
 sys.path.insert(0, "tests")
 from test_brace import CONFIGS, expected, expected_bytes, sign_matrix
 comm = MPI.COMM_WORLD

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 from fedring.comm import Layout, Network
-from fedring.ring import ring_allreduce
+from fedring.comm.ring import ring_allreduce
 
 case, n = sys.argv[1], int(sys.argv[2])
 net = Network(Layout(n))

@@ -5,7 +5,7 @@ import gzip
 import numpy as np
 import pytest
 
-from fedring.data import FMNIST_FILES, FederatedData, _checked, fmnist_dir, partition, partition_fang, read_idx
+from fedring.train.data import FMNIST_FILES, FederatedData, _checked, fmnist_dir, partition, partition_fang, read_idx
 from fedring.errors import ConfigError
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from fedring.aggregators import AGGREGATORS
 from fedring.attacks import ATTACKS
-from fedring.brace import RING_RULES
+from fedring.comm.brace import RING_RULES
 
 from conftest import run_mpi
 

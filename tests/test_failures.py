@@ -64,7 +64,7 @@ def test_toml_config_and_precedence(tmp_path):
 
 CRASH = """
 import sys
-import fedring.training as training
+import fedring.train.loop as training
 original = training.train_round
 def train_round(tr, t):
     if tr.comm.rank == int(sys.argv[1]) and t == 2:

@@ -131,7 +131,7 @@ def test_all_targets_and_partial_participation(tmp_path):
 def test_model_from_training_run(tmp_path):
     """``--model-from``: rebuild fedring's CNN from /model/final (synthetic data set: no download)."""
     torch = pytest.importorskip("torch")  # noqa: F841
-    from fedring import models
+    from fedring.train import models
 
     run = tmp_path / "run.h5"
     with h5py.File(run, "w") as f:

@@ -94,7 +94,7 @@ def test_conformal_setting_errors_exit_2_on_every_rank(tmp_path, args, text):
 
 HANG = """
 import os, sys, time
-import fedring.training as training
+import fedring.train.loop as training
 original = training.train_round
 def train_round(tr, t):
     if tr.comm.rank == 1 and t == 3:

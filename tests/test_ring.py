@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedring.comm import Layout, Network, block_bounds
-from fedring.ring import chunk_bounds, ring_allreduce
+from fedring.comm.ring import chunk_bounds, ring_allreduce
 
 from conftest import run_mpi
 
@@ -68,7 +68,7 @@ def test_block_bounds():
 RING_SCRIPT = """
 import sys, numpy as np
 from fedring.comm import Layout, Network
-from fedring.ring import ring_allreduce, chunk_bounds
+from fedring.comm.ring import ring_allreduce, chunk_bounds
 n, d = int(sys.argv[1]), int(sys.argv[2])
 lay = Layout(n); net = Network(lay)
 X = np.random.default_rng([n, d]).integers(-1000, 1000, (n, d)).astype(np.int32)

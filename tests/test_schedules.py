@@ -6,7 +6,7 @@ import pytest
 
 from conftest import crash_at_round, fedring
 from fedring.errors import ConfigError
-from fedring.schedules import make_schedule
+from fedring.train.schedules import make_schedule
 
 BRACE = ["--dataset", "synthetic", "--clients", "8", "--rounds", "40", "--eval-every", "10", "--quiet",
          "--aggregator", "brace", "--lr", "0.01", "--set", "brace.lambda=1"]

@@ -148,7 +148,7 @@ def test_sweep_survives_preemption(slurm, tmp_path):
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID.format(rounds=rounds, out=out))
     env = job_env()
-    proc = subprocess.run([sys.executable, "-m", "fedring.sweep", str(grid), "--submit"],
+    proc = subprocess.run([sys.executable, "-m", "fedring", "sweep", str(grid), "--submit"],
                           capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = re.search(r"submitted array job (\d+)", proc.stdout).group(1)
@@ -185,7 +185,7 @@ def test_sweep_survives_preemption(slurm, tmp_path):
             assert f.attrs["rounds_completed"] == rounds
             assert list(f["metrics/round"][:]) == list(range(2, rounds + 1, 2))
     # Submitting again finds nothing to do.
-    proc = subprocess.run([sys.executable, "-m", "fedring.sweep", str(grid), "--dry-run"],
+    proc = subprocess.run([sys.executable, "-m", "fedring", "sweep", str(grid), "--dry-run"],
                           capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert "(2 complete)" in proc.stdout and "nothing to run" in proc.stdout, proc.stdout
 

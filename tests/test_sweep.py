@@ -14,6 +14,7 @@ import pytest
 from conftest import MPIEXEC, ROOT, mpi_env
 from fedring.config import Config, merge
 from fedring.errors import ConfigError
+from fedring.cli.sweep import main, plan, task_args
 from fedring.sweep import (
     canonical,
     config_hash,
@@ -22,10 +23,7 @@ from fedring.sweep import (
     expand,
     file_state,
     load_sweep,
-    main,
-    plan,
     resolve,
-    task_args,
 )
 
 
@@ -214,7 +212,7 @@ def test_check_world_size_under_mpiexec(expect, ok):
     if MPIEXEC is None:
         pytest.skip("mpiexec not found")
     env = {**mpi_env(), "FEDRING_EXPECT_RANKS": expect}
-    proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "fedring.sweep", "--check-world-size"],
+    proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "fedring", "sweep", "--check-world-size"],
                           capture_output=True, text=True, timeout=60, env=env)
     assert (proc.returncode == 0) == ok
     assert proc.stderr.count("MPI world size is 2 but SLURM_NTASKS=3") == (0 if ok else 2)
@@ -251,7 +249,7 @@ def test_local_sweep_runs_each_config_once(tmp_path):
     out = tmp_path / "out"
     grid.write_text(f'dataset = "synthetic"\nclients = 2\nrounds = 2\neval_every = 1\nseed = [0, 1]\n'
                     f'[sweep]\nout_dir = "{out}"\n')
-    proc = subprocess.run([sys.executable, "-m", "fedring.sweep", str(grid), "--local"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "fedring", "sweep", str(grid), "--local"], capture_output=True,
                           text=True, timeout=180, env=mpi_env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sw = load_sweep(grid)
@@ -260,7 +258,7 @@ def test_local_sweep_runs_each_config_once(tmp_path):
         written = tomllib.loads((out / "configs" / f"{h}.toml").read_text())
         assert written == canonical(cfg) == {"clients": 2, "dataset": "synthetic", "rounds": 2, "eval_every": 1,
                                              **({"seed": 1} if cfg.seed else {})}
-    proc = subprocess.run([sys.executable, "-m", "fedring.sweep", str(grid), "--local"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "fedring", "sweep", str(grid), "--local"], capture_output=True,
                           text=True, timeout=60, env=mpi_env(), cwd=tmp_path)
     assert proc.returncode == 0 and "nothing to run" in proc.stdout
 
@@ -270,7 +268,7 @@ def test_local_sweep_runs_max_parallel_at_once_with_a_log_each(tmp_path):
     out = tmp_path / "out"
     grid.write_text(f'dataset = "synthetic"\nclients = 2\nrounds = 2\nseed = [0, 1, 2]\nlr_schedule = "cosine"\n'
                     f'[sweep]\nout_dir = "{out}"\nmax_parallel = 2\n')
-    proc = subprocess.run([sys.executable, "-m", "fedring.sweep", str(grid), "--local"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "fedring", "sweep", str(grid), "--local"], capture_output=True,
                           text=True, timeout=180, env=mpi_env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sw = load_sweep(grid)

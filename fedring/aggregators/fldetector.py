@@ -35,7 +35,7 @@ def lbfgs_coefficients(GA: np.ndarray) -> np.ndarray | None:
         Yc[k - 1, k - 1] = -1.0
     vc = np.zeros(p + 1)
     vc[p] = -1.0
-    StS, StY, YtY = Sc @ GA @ Sc.T, Sc @ GA @ Yc.T, Yc @ GA @ Yc.T
+    StS, StY = Sc @ GA @ Sc.T, Sc @ GA @ Yc.T
     ss = StS[-1, -1]
     if not ss > 0:
         return None

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from .errors import ConfigError
+from fedring.errors import ConfigError
 
 #: Ledger phases that are not part of the protocol under study (the adversary's side
 #: channel): counted, but never added into ``bytes_sent``.

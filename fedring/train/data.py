@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .comm import block_bounds
-from .errors import ConfigError
+from fedring.comm import block_bounds
+from fedring.errors import ConfigError
 
 DEFAULT_FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FMNIST_FILES = {

@@ -29,8 +29,8 @@ import tracemalloc
 
 import numpy as np
 
-from .aggregators import make_aggregator
-from .errors import ConfigError
+from fedring.aggregators import make_aggregator
+from fedring.errors import ConfigError
 
 # FedSECA paper, Supp. Table C.2 (seconds, mean of 5): clients -> time
 PAPER = {

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Network, block_bounds
+from .network import Network, block_bounds
 
 chunk_bounds = block_bounds
 

@@ -1,4 +1,5 @@
-"""Federated training over MPI: each rank hosts a block of clients; one round is :func:`train_round`.
+"""The state of a training run on one rank: its clients' data, the model replica, the topology
+(ring rule or server rule) and the adversary. One round is :func:`fedring.train.loop.train_round`.
 
 Determinism: every random draw of client ``c`` in round ``t`` comes from
 ``numpy.random.default_rng([seed, c, t, stream])``, the run-wide draws of round ``t`` (the
@@ -12,25 +13,23 @@ and the round counter are checkpointed.
 from __future__ import annotations
 
 import json
-import sys
-import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from .aggregators import make_aggregator, nonfinite_rows
-from .attacks import AttackContext, Backdoor, DataAttack, make_attack
-from .brace import RING_RULES, SignVote
-from .comm import Network, Layout
-from .config import Config, byzantine_count, config_differences, defence_f
+from fedring.aggregators import make_aggregator
+from fedring.attacks import AttackContext, Backdoor, DataAttack, make_attack
+from fedring.comm import Layout, Network, ring_allreduce
+from fedring.comm.brace import RING_RULES, SignVote
+from fedring.config import Config, byzantine_count, config_differences, defence_f
+from fedring.errors import ConfigError
+from fedring.results import read_checkpoint
+from fedring.runtime import on_rank0
+
 from .data import FederatedData, Shard
-from .errors import ConfigError
 from .models import flat_grad_into, flatten, load_flat, make_model
-from .results import ResultsFile, read_checkpoint
-from .ring import ring_allreduce
-from .runtime import EXIT_PREEMPTED, Watchdog, on_rank0
 from .schedules import make_schedule
 
 STREAM_BATCH, STREAM_POISON, STREAM_ATTACK, STREAM_AGGREGATOR = 1, 2, 3, 4
@@ -319,117 +318,3 @@ class Trainer:
     def mean_batch_loss(self) -> float:
         self.comm.Allreduce(MPI.IN_PLACE, self.batch_loss, op=MPI.SUM)
         return float(self.batch_loss.sum() / self.cfg.clients)
-
-
-def train_round(tr: Trainer, t: int) -> None:
-    """Round ``t``: clients compute updates, Byzantine ones attack, the topology aggregates, all apply."""
-    tr.net.ledger.reset()
-    tr.batch_loss[:] = 0.0
-    for k, client in enumerate(tr.layout.local_clients):
-        tr.batch_loss[client] = tr.client_gradient(k, t, tr.grads[k])
-    reference = tr.reference_gradient()  # the server's clean-data gradient, for the rules that need one
-    tr.adversary.attack_model(tr.grads, t, reference)
-    tr.nonfinite[:] = 0  # measured, not sent: which uploads hold NaN or an infinity
-    tr.nonfinite[tr.layout.lo : tr.layout.hi] = nonfinite_rows(tr.grads)
-    with np.errstate(invalid="ignore", over="ignore"):  # non-finite uploads are recorded instead
-        update = tr.topology.aggregate(tr.grads, t, reference)
-    tr.update_finite = bool(np.isfinite(update).all())
-    tr.apply(update, t)
-
-
-class Progress:
-    def __init__(self, total: int, quiet: bool, already: float = 0.0, first_round: int = 0):
-        self.total, self.quiet = total, quiet
-        self.start = time.perf_counter() - already
-        self.first_round, self.first_time = first_round, time.perf_counter()
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
-
-    def line(self, rnd: int, acc: float, total_bytes: int) -> None:
-        if self.quiet:
-            return
-        per_round = (time.perf_counter() - self.first_time) / max(rnd - self.first_round, 1)
-        print(
-            f"round {rnd:>{len(str(self.total))}}/{self.total}  test_acc {acc:.4f}  "
-            f"bytes_sent {total_bytes / 1e6:,.1f} MB  elapsed {_hms(self.elapsed())}  "
-            f"ETA {_hms(per_round * (self.total - rnd))}",
-            flush=True,
-        )
-
-
-def _hms(seconds: float) -> str:
-    m, s = divmod(int(round(seconds)), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
-
-
-def open_results(tr: Trainer) -> ResultsFile:
-    cfg = tr.cfg
-    if cfg.resume:
-        return ResultsFile.reopen(cfg.out, tr.start_round)
-    results = ResultsFile(
-        cfg.out,
-        {"config": cfg.to_json(), "world_size": tr.comm.size, "n_clients": cfg.clients, "n_parameters": tr.d},
-        overwrite=cfg.overwrite,
-    )
-    results.write("byzantine/clients", tr.byzantine)
-    # round 0 checkpoint: a run that dies before its first checkpoint still resumes
-    results.write_checkpoint(tr.checkpoint_arrays(), {"round": 0, "bytes_sent_total": 0, "wall_seconds": 0.0})
-    return results
-
-
-def train(tr: Trainer, watchdog: Watchdog) -> int:
-    """Run (or resume) a whole training job; rank 0 streams results into ``cfg.out``."""
-    cfg, comm, rank0 = tr.cfg, tr.comm, tr.comm.rank == 0
-    results = open_results(tr) if rank0 else None
-    if rank0:
-        results.h5.attrs["world_size"] = comm.size
-        watchdog.on_abort.append(results.close)
-    progress = Progress(cfg.rounds, cfg.quiet or not rank0, tr.resumed.get("wall_seconds", 0.0), tr.start_round)
-    total_bytes = int(tr.resumed.get("bytes_sent_total", 0))
-    for t in range(tr.start_round, cfg.rounds):
-        train_round(tr, t)
-        rnd = t + 1
-        client_bytes, server_bytes = tr.net.gather_ledger()
-        nonfinite = tr.net.collect(tr.nonfinite)
-        extra_metrics = tr.topology.signvote.round_metrics() if tr.topology.signvote else {}
-        rows = tr.topology.signvote.round_rows() if tr.topology.signvote else {}
-        rows.update({f"brace/{name}": value for name, value in extra_metrics.items()})  # every round
-        evaluated = rnd % cfg.eval_every == 0 or rnd == cfg.rounds
-        scores = tr.evaluate() if evaluated else {}
-        train_loss = tr.mean_batch_loss() if evaluated else None
-        if rank0:
-            total_bytes += int(client_bytes.sum())
-            rows = {**rows, "comm/bytes_sent": client_bytes, "comm/server_bytes_sent": np.int64(server_bytes),
-                    "aggregation/nonfinite": nonfinite, "aggregation/nonfinite_update": np.uint8(not tr.update_finite)}
-            if tr.topology.selected is not None:
-                rows["aggregation/selected"] = tr.topology.selected
-            metrics = {}
-            if evaluated:
-                metrics = {
-                    "round": rnd, **scores, "train_loss": train_loss,
-                    "bytes_sent": int(client_bytes.sum()), "bytes_sent_total": total_bytes,
-                    "server_bytes_sent": server_bytes, "wall_seconds": progress.elapsed(),
-                    "lr": tr.lr_at(t), "weight_mean_change": tr.weight_mean_change(), **extra_metrics,
-                }
-            results.append_round(metrics, rows, rounds_completed=rnd)
-            if evaluated:
-                progress.line(rnd, scores["test_accuracy"], total_bytes)
-        stopping = watchdog.stop_requested() and rnd < cfg.rounds
-        if rank0 and (rnd % cfg.checkpoint_every == 0 or stopping):
-            results.write_checkpoint(
-                tr.checkpoint_arrays(),
-                {"round": rnd, "bytes_sent_total": total_bytes, "wall_seconds": progress.elapsed()},
-            )
-        if stopping:
-            if rank0:
-                results.close("preempted")
-                print(f"stopped by signal after round {rnd}; resume with --resume (results: {cfg.out})", flush=True)
-            return EXIT_PREEMPTED
-    if rank0:
-        results.write("model/final", tr.w)
-        results.close("complete")
-        if not cfg.quiet:
-            print(f"results: {cfg.out}", file=sys.stdout, flush=True)
-    return 0

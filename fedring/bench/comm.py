@@ -19,9 +19,8 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from .brace import RING_RULES, SignVote
-from .comm import Layout, Network
-from .ring import ring_allreduce
+from fedring.comm import Layout, Network, ring_allreduce
+from fedring.comm.brace import RING_RULES, SignVote
 
 
 def _time(impls: dict[str, tuple[Callable, Callable, Callable]], repeats: int, comm: MPI.Comm) -> dict[str, tuple]:

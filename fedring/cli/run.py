@@ -1,4 +1,4 @@
-"""Command line: ``python -m fedring [run] [options]``, ``bench``, ``conformal``.
+"""``python -m fedring [run] [options]`` (one run) and ``python -m fedring`` (the headline experiment).
 
 Works under ``mpiexec -n N`` and without it (one rank). Every rank parses the same
 arguments and validates the same settings, so bad input stops every rank alike with exit
@@ -8,25 +8,13 @@ code 2 before any work starts.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
-import sys
 
 from mpi4py import MPI
 
-from .config import Config, load_toml, merge, parse_value, validate
-from .errors import ConfigError
-from .runtime import Watchdog, agree_on_config_error
-
-# subcommand -> (module, function), imported only when used
-SUBCOMMANDS = {
-    ("bench", "comm"): ("fedring.bench", "main"),
-    ("bench", "aggregators"): ("fedring.bench_aggregators", "main"),
-    ("bench", "prism"): ("fedring.bench_prism", "main"),
-    ("conformal", "prism"): ("fedring.prism_fcp", "main"),
-    ("conformal", "labelshift"): ("fedring.fcp_label_shift", "main"),
-}
-
+from fedring.config import Config, load_toml, merge, parse_value, validate
+from fedring.errors import ConfigError
+from fedring.runtime import Watchdog, agree_on_config_error
 
 class ArgumentParser(argparse.ArgumentParser):
     """Reports usage errors as :class:`ConfigError`, so only rank 0 prints them."""
@@ -86,7 +74,8 @@ def build_config(argv: list[str], world_size: int) -> Config:
 
 def run(argv: list[str]) -> int:
     watchdog = Watchdog.start()  # first: a signal from now on asks for a clean stop
-    from .training import Trainer, train  # torch is imported only for training
+    from fedring.train.loop import train  # torch is imported only for training
+    from fedring.train.trainer import Trainer
 
     comm = MPI.COMM_WORLD
 
@@ -136,42 +125,3 @@ def headline() -> int:
             with h5py.File(args[-1], "r") as f:
                 print(f"  {name:<16} {f['metrics/test_accuracy'][-1]:.4f}   ({args[-1]})")
     return 0
-
-
-USAGE = """usage: python -m fedring                        the headline experiment (BRACE vs ring-all-reduce under attack)
-       python -m fedring [run] [options]        federated training (python -m fedring run --help)
-       python -m fedring bench comm|aggregators|prism [options]
-       python -m fedring conformal prism|labelshift [options]
-       python -m fedring sweep GRID.toml [--dry-run|--submit|--local] [options]"""
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] in (["-h"], ["--help"]):
-        print(USAGE)
-        return 0
-    single = bool(argv)
-    if argv[:1] == ["run"]:
-        argv = argv[1:]
-    elif argv[:1] == ["sweep"]:
-        from .sweep import main as sweep_main
-
-        if MPI.COMM_WORLD.size > 1 and not argv[1:2] == ["--check-world-size"]:
-            error = ConfigError("sweep", "runs in one process and starts the MPI jobs itself: run it without mpiexec")
-            try:
-                agree_on_config_error(MPI.COMM_WORLD, error)
-            except SystemExit as e:
-                return int(e.code)
-        return sweep_main(argv[1:])
-    elif argv and not argv[0].startswith("-"):
-        key = tuple(argv[:2])
-        if key not in SUBCOMMANDS:
-            if MPI.COMM_WORLD.rank == 0:
-                print(f"fedring: error: unknown command {' '.join(argv[:2])!r}\n{USAGE}", file=sys.stderr)
-            return 2
-        module, fn = SUBCOMMANDS[key]
-        return getattr(importlib.import_module(module), fn)(argv[2:])
-    try:
-        return run(argv) if single else headline()
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 0

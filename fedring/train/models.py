@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from fedring.errors import ConfigError
 
 
 class FashionCNN(nn.Sequential):

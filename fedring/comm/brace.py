@@ -96,8 +96,9 @@ from numbers import Integral, Real
 import numpy as np
 from mpi4py import MPI
 
-from .comm import Network
-from .errors import ConfigError
+from fedring.errors import ConfigError
+
+from .network import Network
 from .ring import all_gather, chunk_bounds, owned_chunk, reduce_scatter
 
 RING_RULES = ("brace", "signsgd", "rlr")

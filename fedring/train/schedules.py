@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import ConfigError
+from fedring.errors import ConfigError
 
 
 def _number(key: str, value, *, low: float, low_open: bool = False, high: float | None = None) -> float:

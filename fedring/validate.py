@@ -1,0 +1,109 @@
+"""Checks of settings: every configuration error message of fedring comes from here.
+
+Each check takes the setting's name as the user writes it (``rounds``, ``krum.variant``,
+``attack.sigma``, ``prism.alpha``) and raises :class:`~fedring.errors.ConfigError` with one
+phrasing for each kind of mistake:
+
+>>> integer("rounds", 0, lo=1)
+Traceback (most recent call last):
+fedring.errors.ConfigError: rounds: must be >= 1, got 0
+>>> real("prism.alpha", 1.5, lo=0, hi=1, lo_open=True, hi_open=True)
+Traceback (most recent call last):
+fedring.errors.ConfigError: prism.alpha: must be in (0, 1), got 1.5
+>>> choice("krum.variant", "papr", ("paper", "byzfl"))
+Traceback (most recent call last):
+fedring.errors.ConfigError: krum.variant: 'papr' is not allowed; did you mean 'paper'? allowed: paper, byzfl
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable
+from numbers import Integral, Real
+from typing import Any
+
+from .errors import ConfigError
+
+
+def suggestion(name: Any, allowed: Iterable[str]) -> str:
+    """``"did you mean 'x'? "`` for the closest allowed name, or ``""``."""
+    close = difflib.get_close_matches(str(name), [str(a) for a in allowed], n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _bounds(lo, hi, lo_open: bool, hi_open: bool) -> str:
+    if lo is not None and hi is not None:
+        return f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+    if lo is not None:
+        return f"{'>' if lo_open else '>='} {lo}"
+    return f"{'<' if hi_open else '<='} {hi}"
+
+
+def _within(key: str, value, lo, hi, lo_open: bool, hi_open: bool):
+    below = lo is not None and (value < lo or (lo_open and value == lo))
+    above = hi is not None and (value > hi or (hi_open and value == hi))
+    if below or above:
+        raise ConfigError(key, f"must be {_bounds(lo, hi, lo_open, hi_open)}, got {value!r}")
+    return value
+
+
+def integer(key: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
+    """A whole number (``3`` or ``3.0``; not ``True``) within ``[lo, hi]``."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not float(value).is_integer():
+        raise ConfigError(key, f"must be an integer, got {value!r}")
+    return _within(key, int(value), lo, hi, False, False)
+
+
+def real(key: str, value: Any, lo: float | None = None, hi: float | None = None,
+         lo_open: bool = False, hi_open: bool = False) -> float:
+    """A finite number within the bounds (open where asked)."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+        raise ConfigError(key, f"must be a finite number, got {value!r}")
+    return _within(key, float(value), lo, hi, lo_open, hi_open)
+
+
+def choice(key: str, value: Any, allowed: Iterable) -> Any:
+    """One of ``allowed``; a near miss gets a suggestion."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ConfigError(key, f"{value!r} is not allowed; {suggestion(value, allowed)}"
+                               f"allowed: {', '.join(map(str, allowed))}")
+    return value
+
+
+def boolean(key: str, value: Any) -> bool:
+    """``true``/``false`` (or 1/0)."""
+    if isinstance(value, bool) or (isinstance(value, Integral) and value in (0, 1)):
+        return bool(value)
+    raise ConfigError(key, f"must be true or false, got {value!r}")
+
+
+def text(key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(key, f"must be a string, got {value!r}")
+    return value
+
+
+def names(key: str, value: Any) -> list[str]:
+    """A list of names, as a list or as one comma-separated string."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+        raise ConfigError(key, f"must be a list of names, got {value!r}")
+    return [v.strip() for v in items if v.strip()]
+
+
+def unknown(key: str, what: str, name: Any, allowed: Iterable[str], hint: str = "") -> ConfigError:
+    """The error for a name that is not registered: ``unknown aggregator 'krumm'; did you mean 'krum'...``."""
+    allowed = list(allowed)
+    return ConfigError(key, f"unknown {what} {name!r}; {suggestion(name, allowed)}{hint}"
+                            f"allowed: {', '.join(allowed) or '(none)'}")
+
+
+def known_keys(prefix: str, what: str, params: dict, allowed: Iterable[str]) -> None:
+    """Raise for the first key of ``params`` not in ``allowed``, as ``prefix.key``."""
+    allowed = list(allowed)
+    for key in params:
+        if key not in allowed:
+            raise ConfigError(f"{prefix}.{key}", f"unknown parameter of {what}; {suggestion(key, allowed)}"
+                                                 f"allowed: {', '.join(allowed) or '(none)'}")
