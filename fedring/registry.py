@@ -59,7 +59,8 @@ class Registry:
         return name in self._classes
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._classes)
+        """Names in alphabetical order (whatever order the modules were imported in)."""
+        return iter(sorted(self._classes))
 
     def __len__(self) -> int:
         return len(self._classes)
@@ -68,12 +69,12 @@ class Registry:
         return self._classes[name]
 
     def items(self):
-        return self._classes.items()
+        return [(name, self._classes[name]) for name in self]
 
     def get(self, name: Any, key: str | None = None, hint: str = "") -> type:
         """The class registered as ``name``; an unknown name raises ConfigError (with a suggestion)."""
         if name not in self._classes:
-            raise unknown(key or self.kind, self.kind, name, self._classes, hint)
+            raise unknown(key or self.kind, self.kind, name, self, hint)
         return self._classes[name]
 
     @staticmethod

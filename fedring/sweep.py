@@ -78,7 +78,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import FIELDS, RUN_CONTROL, Config, config_differences, load_toml, merge, parse_value, validate
+from .config import (
+    FIELDS,
+    RUN_CONTROL,
+    Config,
+    config_differences,
+    load_toml,
+    merge,
+    parse_value,
+    validate,
+)
 from .errors import ConfigError
 from .results import read_checkpoint
 

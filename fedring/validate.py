@@ -26,10 +26,16 @@ from typing import Any
 from .errors import ConfigError
 
 
+def closest(name: Any, allowed: Iterable[str]) -> str | None:
+    """The allowed name closest to a misspelt one, if any is close."""
+    close = difflib.get_close_matches(str(name), [str(a) for a in allowed], n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def suggestion(name: Any, allowed: Iterable[str]) -> str:
     """``"did you mean 'x'? "`` for the closest allowed name, or ``""``."""
-    close = difflib.get_close_matches(str(name), [str(a) for a in allowed], n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}? " if close else ""
+    close = closest(name, allowed)
+    return f"did you mean {close!r}? " if close else ""
 
 
 def _bounds(lo, hi, lo_open: bool, hi_open: bool) -> str:

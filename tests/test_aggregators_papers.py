@@ -7,7 +7,11 @@ import pytest
 
 from fedring.aggregators import make_aggregator
 from fedring.aggregators.fedseca import ABLATIONS
-from fedring.aggregators.fldetector import gap_statistic_k, kmeans_1d, lbfgs_coefficients
+from fedring.aggregators.fldetector import (
+    gap_statistic_k,
+    kmeans_1d,
+    lbfgs_coefficients,
+)
 from fedring.aggregators.hplus import anomaly_scores, similarity_h
 
 # K = 3, D = 4. Signs: g1 (+,-,+,+), g2 (+,-,+,-), g3 (-,+,-,+).

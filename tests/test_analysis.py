@@ -14,10 +14,10 @@ import h5py
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import ROOT, mpi_env
 
 from analysis.load import load_runs
 from analysis.tables import conformal_table, load_conformal, paper_table
-from conftest import ROOT, mpi_env
 from fedring.config import Config
 from fedring.results import ResultsFile
 

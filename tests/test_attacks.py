@@ -6,14 +6,32 @@ import math
 import numpy as np
 import pytest
 
-from fedring.attacks import (ATTACKS, ALIE, IPM, AttackContext, Adaptive, Backdoor, FangKrum, FangTrim, FoE,
-                             Gaussian, HPlusAttack, LabelFlip, Mimic, MinMax, MinSum, Scaling, SignFlip, alie_z,
-                             attack_success_rate, make_attack)
+from fedring.attacks import (
+    ALIE,
+    ATTACKS,
+    IPM,
+    Adaptive,
+    AttackContext,
+    Backdoor,
+    FangKrum,
+    FangTrim,
+    FoE,
+    Gaussian,
+    HPlusAttack,
+    LabelFlip,
+    Mimic,
+    MinMax,
+    MinSum,
+    Scaling,
+    SignFlip,
+    alie_z,
+    attack_success_rate,
+    make_attack,
+)
 from fedring.attacks.adaptive import brace_margin_flips, line_maximize
 from fedring.attacks.fang import fang_krum_lambda
 from fedring.attacks.minmax import min_max_sum_gamma, perturbation
 from fedring.errors import ConfigError
-
 
 # -- tiny reference rules, independent of fedring.aggregators --------------------------------
 
@@ -93,7 +111,7 @@ def test_bad_settings_name_the_key(name, params, key):
         make_attack(name, params)
     assert err.value.key == key
     if key == "attack":
-        assert "allowed: none, gaussian" in str(err.value)
+        assert "allowed: none, adaptive, alie, backdoor" in str(err.value)
 
 
 def test_unknown_parameter_lists_allowed_ones():

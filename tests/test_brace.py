@@ -2,13 +2,12 @@
 
 import numpy as np
 import pytest
-
-from fedring.comm.brace import RING_RULES, SignVote, count_dtype, paper_bytes
-from fedring.comm import Layout, Network
-from fedring.errors import ConfigError
-from fedring.comm.ring import chunk_bounds
-
 from conftest import run_mpi
+
+from fedring.comm import Layout, Network
+from fedring.comm.brace import SignVote, count_dtype, paper_bytes
+from fedring.comm.ring import chunk_bounds
+from fedring.errors import ConfigError
 
 CLIENTS = [2, 3, 5, 8, 100]
 CONFIGS = [

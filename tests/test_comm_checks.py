@@ -1,7 +1,6 @@
 """Misused comm buffers raise on every rank before any message, instead of hanging a peer."""
 
 import pytest
-
 from conftest import run_mpi
 
 SCRIPT = """

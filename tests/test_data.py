@@ -5,8 +5,16 @@ import gzip
 import numpy as np
 import pytest
 
-from fedring.train.data import FMNIST_FILES, FederatedData, _checked, fmnist_dir, partition, partition_fang, read_idx
 from fedring.errors import ConfigError
+from fedring.train.data import (
+    FMNIST_FILES,
+    FederatedData,
+    _checked,
+    fmnist_dir,
+    partition,
+    partition_fang,
+    read_idx,
+)
 
 
 def write_idx(path, array):

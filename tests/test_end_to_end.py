@@ -9,12 +9,12 @@ import json
 import h5py
 import numpy as np
 import pytest
+from conftest import run_mpi
 
 from fedring.aggregators import AGGREGATORS
 from fedring.attacks import ATTACKS
-from fedring.comm.brace import RING_RULES
-
-from conftest import run_mpi
+from fedring.comm.brace import SIGN_RULES
+from fedring.comm.ring import RING_RULES
 
 COMMON = ["--dataset", "synthetic", "--clients", "7", "--quiet", "--lr", "0.01"]
 RULES = sorted(AGGREGATORS)
@@ -97,5 +97,6 @@ def test_every_attack_runs_in_both_topologies_and_changes_the_model(results, top
         assert 0 <= run["metrics"]["attack_success_rate"][-1] <= 1
 
 
-def test_ring_rules_are_the_sign_family():
-    assert set(RING_RULES) == {"brace", "signsgd", "rlr"}
+def test_ring_rules_are_ring_all_reduce_and_the_sign_family():
+    assert set(SIGN_RULES) == {"brace", "signsgd", "rlr"}
+    assert list(RING_RULES) == ["brace", "mean", "rlr", "signsgd"]

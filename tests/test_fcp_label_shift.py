@@ -3,15 +3,13 @@
 Property numbers P1..P14 refer to the spec's Section 6 (shared/specs/fcp-label-shift.md).
 """
 
-import itertools
 import math
 
 import numpy as np
 import pytest
 
-from fedring.errors import ConfigError
 from fedring import fcp_label_shift as ls
-
+from fedring.errors import ConfigError
 
 # ----------------------------------------------------------------------------- scores
 

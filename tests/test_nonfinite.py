@@ -5,8 +5,8 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-
 from conftest import fedring
+
 from fedring.aggregators import AGGREGATORS, make_aggregator
 from fedring.attacks import AttackContext, NonFinite
 from fedring.errors import ConfigError
@@ -82,7 +82,7 @@ def test_nonfinite_attack_parameters():
     assert np.isnan(out).sum(axis=1).tolist() == [2, 2]  # ceil(0.25 * 8) per attacker
     with pytest.raises(ConfigError, match=r"attack.value: 'zero' is not allowed; allowed: nan, inf, -inf, mixed"):
         NonFinite(value="zero")
-    with pytest.raises(ConfigError, match=r"attack.fraction: must be > 0.0"):
+    with pytest.raises(ConfigError, match=r"attack.fraction: must be in \(0.0, 1.0\], got 0.0"):
         NonFinite(fraction=0)
 
 

@@ -9,8 +9,8 @@ import time
 import h5py
 import numpy as np
 import pytest
-
 from conftest import MPIEXEC, fedring
+
 from fedring import prism_fcp as pf
 from fedring.datasets_uci import (
     COLUMNS,

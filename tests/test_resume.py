@@ -7,10 +7,9 @@ import time
 
 import h5py
 import pytest
+from conftest import MPIEXEC, ROOT, crash_at_round, fedring, mpi_env, wait_for_unlock
 
 from fedring.results import read_checkpoint
-
-from conftest import MPIEXEC, ROOT, crash_at_round, fedring, mpi_env, wait_for_unlock
 
 RUN = ["--dataset", "synthetic", "--clients", "4", "--rounds", "7", "--eval-every", "2",
        "--checkpoint-every", "2", "--quiet"]

@@ -2,11 +2,10 @@
 
 import numpy as np
 import pytest
+from conftest import run_mpi
 
 from fedring.comm import Layout, Network, block_bounds
 from fedring.comm.ring import chunk_bounds, ring_allreduce
-
-from conftest import run_mpi
 
 SIZES = [0, 1, 2, 17, 17**2, 17**3]
 CLIENTS = [1, 2, 3, 5, 8, 17]

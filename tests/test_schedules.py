@@ -3,8 +3,8 @@
 import h5py
 import numpy as np
 import pytest
-
 from conftest import crash_at_round, fedring
+
 from fedring.errors import ConfigError
 from fedring.train.schedules import make_schedule
 
@@ -22,12 +22,12 @@ def test_schedule_factors_by_hand():
 
 
 @pytest.mark.parametrize("name,params,key", [
-    ("linear", {}, "lr_schedule: 'linear' is not allowed; allowed: constant, step, invsqrt, cosine"),
-    ("step", {"milestones": [1.5]}, "step.milestones: must be > 0 and <= 1"),
+    ("linear", {}, "lr_schedule: unknown lr_schedule 'linear'; allowed: constant, cosine, invsqrt, step"),
+    ("step", {"milestones": [1.5]}, "step.milestones: must be in (0, 1], got 1.5"),
     ("step", {"gamma": 0}, "step.gamma: must be > 0"),
-    ("step", {"every": 3}, "step.every: unknown setting of lr_schedule step; allowed: milestones, gamma"),
+    ("step", {"every": 3}, "step.every: unknown parameter of lr_schedule step; allowed: milestones, gamma"),
     ("invsqrt", {"tau": -1}, "invsqrt.tau: must be > 0"),
-    ("cosine", {"final": 2}, "cosine.final: must be >= 0 and <= 1"),
+    ("cosine", {"final": 2}, "cosine.final: must be in [0, 1], got 2.0"),
 ])
 def test_schedule_errors_name_the_setting(name, params, key):
     with pytest.raises(ConfigError) as e:

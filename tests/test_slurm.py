@@ -18,7 +18,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
 from conftest import ROOT, mpi_env
 
 START = ROOT.parent / "shared" / "tools" / "local-slurm" / "start.sh"

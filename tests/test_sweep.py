@@ -10,11 +10,11 @@ import tomllib
 
 import h5py
 import pytest
-
 from conftest import MPIEXEC, ROOT, mpi_env
+
+from fedring.cli.sweep import main, plan, task_args
 from fedring.config import Config, merge
 from fedring.errors import ConfigError
-from fedring.cli.sweep import main, plan, task_args
 from fedring.sweep import (
     canonical,
     config_hash,

@@ -5,7 +5,6 @@ import json
 import h5py
 import numpy as np
 import pytest
-
 from conftest import fedring
 
 D_CNN = 139_960

@@ -1,42 +1,31 @@
-"""Server-side robust aggregation rules (issue 4).
+"""Server-side robust aggregation rules, one module per rule family (discovered on import).
 
 Every rule is an ``Aggregator``: parameters validated at construction, ``check(n)`` explains
 in words why n clients cannot work with the declared f, ``aggregate(X, state, reference, rng)``
 maps the (n, d) matrix of client gradients (float32 or float64) to an ``AggregateResult``
-whose ``vector`` the loop applies as ``w <- w - lr * vector``.
+whose ``vector`` the loop applies as ``w <- w - lr * vector``. Rules register with
+``@register`` (pre-aggregators ``@register_pre``); a new rule is one new module here.
 
-Configuration scheme of ``make_aggregator``: ``params`` is the rule's own config section.
-Parameters of a component are nested under the component's name in that same dict:
-``make_aggregator("krum", 2, {"variant": "byzfl", "nnm": {}, "bucketing": {"s": 2}}, pre=["nnm", "bucketing"])``
-or ``make_aggregator("hplus", 10, {"base": "krum", "krum": {"variant": "byzfl"}})``.
+``make_aggregator(name, f, params, pre)``: ``params`` is the rule's settings section; a
+nested table in it is another component's section: a pre-aggregator's (``{"variant":
+"byzfl", "bucketing": {"s": 2}}`` with ``pre=["bucketing"]``) or H+'s base rule's
+(``{"base": "krum", "krum": {"variant": "byzfl"}}``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedring.errors import ConfigError
-
-from . import (  # noqa: F401  (importing registers the rules)
-    bulyan,
-    cclip,
-    coordinatewise,
-    copod,
-    fedseca,
-    fldetector,
-    fltrust,
-    hplus,
-    huber,
-    krum,
-    mca,
-    preaggregators,
-    rfa,
-    signsgd,
-    ties,
-    zenopp,
-)
 from ._kernels import nonfinite_rows
-from .base import AGGREGATORS, PRE_AGGREGATORS, AggregateResult, Aggregator, PreAggregator
+from .base import (
+    AGGREGATORS,
+    PRE_AGGREGATORS,
+    AggregateResult,
+    Aggregator,
+    PreAggregator,
+)
+
+AGGREGATORS.discover(__name__, __path__)  # every module registers its rules
 
 __all__ = ["AGGREGATORS", "PRE_AGGREGATORS", "AggregateResult", "Aggregator", "Pipeline", "PreAggregator",
            "make_aggregator", "nonfinite_rows"]
@@ -94,23 +83,17 @@ class Pipeline(Aggregator):
 
 
 def make_aggregator(name: str, f: int = 0, params: dict | None = None, pre=()) -> Aggregator:
-    """Build rule ``name`` for ``f`` declared Byzantine clients from its config section ``params``.
+    """Build rule ``name`` for ``f`` declared Byzantine clients from its settings section ``params``.
 
     Pre-aggregators in ``pre`` run in order in front of the rule; their parameters are the
-    sub-dict ``params[<pre name>]``. Unknown names or parameters raise ``ConfigError`` naming
-    the setting and listing what is allowed.
+    nested tables ``params[<pre name>]``, as are those of H+'s base rule. Unknown names or
+    parameters raise ``ConfigError`` naming the setting and listing what is allowed.
     """
-    if name not in AGGREGATORS:
-        raise ConfigError("aggregator", f"unknown rule {name!r}; allowed: {', '.join(sorted(AGGREGATORS))}")
-    params = dict(params or {})
-    pre = list(pre or ())
-    stages = []
+    AGGREGATORS.get(name, "aggregator")
     for p in pre:
-        if p not in PRE_AGGREGATORS:
-            raise ConfigError("pre", f"unknown pre-aggregator {p!r}; allowed: {', '.join(sorted(PRE_AGGREGATORS))}")
-        sub = params.pop(p, {})
-        if not isinstance(sub, dict):
-            raise ConfigError(f"{name}.{p}", f"parameters of pre-aggregator {p} must be a table, got {sub!r}")
-        stages.append(PRE_AGGREGATORS[p].from_params(f, sub))
-    rule = AGGREGATORS[name].from_params(f, params)
+        PRE_AGGREGATORS.get(p, "pre_aggregators")
+    params = dict(params or {})
+    sections = {k: params.pop(k) for k in list(params) if isinstance(params[k], dict)}
+    stages = [PRE_AGGREGATORS.build(p, sections.get(p), key="pre_aggregators", f=f) for p in pre]
+    rule = AGGREGATORS.build(name, params, f=f, sections=sections)
     return Pipeline(stages, rule) if stages else rule

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import copy
-import inspect
-import math
-from numbers import Integral, Real
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from fedring.errors import ConfigError
+from fedring.registry import Registry
+from fedring.validate import integer
 
 from ._kernels import nonfinite_rows
 
-AGGREGATORS: dict[str, type] = {}
-PRE_AGGREGATORS: dict[str, type] = {}
-
-
-def register(cls: type) -> type:
-    """Class decorator: make a rule selectable by its ``name``."""
-    AGGREGATORS[cls.name] = cls
-    return cls
-
-
-def register_pre(cls: type) -> type:
-    """Class decorator: make a pre-aggregator selectable by its ``name``."""
-    PRE_AGGREGATORS[cls.name] = cls
-    return cls
+#: the server rules and the pre-aggregators, by name (``python -m fedring run --help`` lists them)
+AGGREGATORS = Registry("aggregator")
+PRE_AGGREGATORS = Registry("pre-aggregator")
+register = AGGREGATORS.register
+register_pre = PRE_AGGREGATORS.register
 
 
 class AggregateResult(NamedTuple):
@@ -44,57 +33,6 @@ class AggregateResult(NamedTuple):
     vector: np.ndarray
     selected: np.ndarray | None = None
     excluded: np.ndarray | None = None
-
-
-# --------------------------------------------------------------------------------------
-# parameter validation: every failure names the setting as the user writes it
-# --------------------------------------------------------------------------------------
-
-
-def check_int(key: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        if isinstance(value, Real) and float(value).is_integer():
-            value = int(value)
-        else:
-            raise ConfigError(key, f"must be an integer, got {value!r}")
-    value = int(value)
-    if lo is not None and value < lo:
-        raise ConfigError(key, f"must be >= {lo}, got {value}")
-    if hi is not None and value > hi:
-        raise ConfigError(key, f"must be <= {hi}, got {value}")
-    return value
-
-
-def check_float(
-    key: str,
-    value: Any,
-    lo: float | None = None,
-    hi: float | None = None,
-    lo_open: bool = False,
-    hi_open: bool = False,
-) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
-        raise ConfigError(key, f"must be a finite number, got {value!r}")
-    value = float(value)
-    if lo is not None and (value < lo or (lo_open and value == lo)):
-        raise ConfigError(key, f"must be {'>' if lo_open else '>='} {lo}, got {value}")
-    if hi is not None and (value > hi or (hi_open and value == hi)):
-        raise ConfigError(key, f"must be {'<' if hi_open else '<='} {hi}, got {value}")
-    return value
-
-
-def check_choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ConfigError(key, f"got {value!r}; allowed: {', '.join(choices)}")
-    return value
-
-
-def check_bool(key: str, value: Any) -> bool:
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if value in (0, 1):
-        return bool(value)
-    raise ConfigError(key, f"must be true or false, got {value!r}")
 
 
 def as_matrix(X: Any) -> np.ndarray:
@@ -142,31 +80,8 @@ class Aggregator:
     client_state: ClassVar[dict[str, int]] = {}
 
     def __init__(self, f: int = 0):
-        self.f = check_int("f", f, lo=0)
+        self.f = integer("f", f, lo=0)
         self._rng = np.random.default_rng(0)
-
-    # ---- construction from configuration -------------------------------------------------
-
-    @classmethod
-    def param_names(cls) -> list[str]:
-        sig = inspect.signature(cls.__init__)
-        return [p for p in sig.parameters if p not in ("self", "f")]
-
-    @classmethod
-    def check_keys(cls, params: dict, key: str | None = None) -> None:
-        """ConfigError for a parameter the class does not have, listing the allowed ones."""
-        allowed = cls.param_names()
-        for k in params:
-            if k not in allowed:
-                allowed_text = ", ".join(allowed) or "(none)"
-                raise ConfigError(f"{key or cls.name}.{k}", f"unknown parameter of {cls.name}; allowed: {allowed_text}")
-
-    @classmethod
-    def from_params(cls, f: int, params: dict | None, key: str | None = None) -> "Aggregator":
-        """Build from a config section; unknown keys raise ConfigError listing the allowed ones."""
-        params = dict(params or {})
-        cls.check_keys(params, key)
-        return cls(f, **params)
 
     # ---- contract ----------------------------------------------------------------------
 
@@ -245,7 +160,8 @@ class Aggregator:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.param_names() if hasattr(self, k))
+        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in AGGREGATORS.parameters(type(self), ("f",))
+                         if hasattr(self, k))
         return f"{type(self).__name__}(f={self.f}{', ' if args else ''}{args})"
 
 
@@ -261,12 +177,9 @@ class PreAggregator:
     keeps_rows: ClassVar[bool] = True
 
     def __init__(self, f: int = 0):
-        self.f = check_int("f", f, lo=0)
+        self.f = integer("f", f, lo=0)
 
     with_f = Aggregator.with_f
-    param_names = classmethod(Aggregator.param_names.__func__)
-    check_keys = classmethod(Aggregator.check_keys.__func__)
-    from_params = classmethod(Aggregator.from_params.__func__)
 
     def check(self, n: int) -> str | None:
         return None if n >= 1 else f"{self.name} needs at least one client, got n={n}"

@@ -7,8 +7,10 @@ import math
 
 import numpy as np
 
+from fedring.validate import choice, integer, real
+
 from ._kernels import combine, gram
-from .base import AggregateResult, Aggregator, check_choice, check_float, check_int, register
+from .base import AggregateResult, Aggregator, register
 
 
 def _clip_factors(dist2: np.ndarray, tau: float) -> np.ndarray:
@@ -68,10 +70,10 @@ class CenteredClipping(Aggregator):
         self, f: int = 0, *, tau: float = 100.0, iters: int | None = None, bucketing: str = "none", bucket_size: int = 2
     ):
         super().__init__(f)
-        self.tau = check_float("cclip.tau", tau, lo=0.0, lo_open=True)
-        self.bucketing = check_choice("cclip.bucketing", bucketing, ("none", "random", "sequential"))
-        self.iters = (3 if bucketing == "none" else 1) if iters is None else check_int("cclip.iters", iters, lo=1)
-        self.bucket_size = check_int("cclip.bucket_size", bucket_size, lo=1)
+        self.tau = real("cclip.tau", tau, lo=0.0, lo_open=True)
+        self.bucketing = choice("cclip.bucketing", bucketing, ("none", "random", "sequential"))
+        self.iters = (3 if bucketing == "none" else 1) if iters is None else integer("cclip.iters", iters, lo=1)
+        self.bucket_size = integer("cclip.bucket_size", bucket_size, lo=1)
         self.needs_rng = self.bucketing != "none"
 
     def init_state(self, n, d):

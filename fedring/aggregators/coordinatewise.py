@@ -7,9 +7,10 @@ import math
 import numpy as np
 
 from fedring.errors import ConfigError
+from fedring.validate import choice, integer, real
 
 from ._kernels import for_sorted_columns
-from .base import AggregateResult, Aggregator, check_choice, check_float, check_int, register
+from .base import AggregateResult, Aggregator, register
 
 
 @register
@@ -55,7 +56,7 @@ class Median(Aggregator):
 
     def __init__(self, f: int = 0, *, variant: str = "average"):
         super().__init__(f)
-        self.variant = check_choice("median.variant", variant, ("average", "lower"))
+        self.variant = choice("median.variant", variant, ("average", "lower"))
 
     def _aggregate(self, X, state, reference, rng):
         n, d = X.shape
@@ -98,8 +99,8 @@ class TrimmedMean(Aggregator):
         super().__init__(f)
         if trim is not None and fraction is not None:
             raise ConfigError("trimmed_mean.trim", "give either trim (values per side) or fraction, not both")
-        self.trim = None if trim is None else check_int("trimmed_mean.trim", trim, lo=0)
-        self.fraction = None if fraction is None else check_float("trimmed_mean.fraction", fraction, 0.0, 0.5, hi_open=True)
+        self.trim = None if trim is None else integer("trimmed_mean.trim", trim, lo=0)
+        self.fraction = None if fraction is None else real("trimmed_mean.fraction", fraction, 0.0, 0.5, hi_open=True)
 
     def per_side(self, n: int) -> int:
         if self.fraction is not None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.validate import choice
+
 from ._kernels import combine, gram
-from .base import AggregateResult, Aggregator, check_choice, register
+from .base import AggregateResult, Aggregator, register
 
 
 def _skew_sign(M: np.ndarray) -> np.ndarray:
@@ -70,7 +72,7 @@ class CopodDos(Aggregator):
 
     def __init__(self, f: int = 0, *, variant: str = "spec"):
         super().__init__(f)
-        self.variant = check_choice("copod.variant", variant, ("spec", "code"))
+        self.variant = choice("copod.variant", variant, ("spec", "code"))
 
     def weights(self, G) -> np.ndarray:
         inner = G.inner()

@@ -6,9 +6,19 @@ from __future__ import annotations
 import numpy as np
 
 from fedring.errors import ConfigError
+from fedring.validate import boolean, choice, real
 
-from ._kernels import SORT_BYTES, abs_row_quantiles, block_width, column_count, map_blocks, row_stats, sign_gram, signs
-from .base import AggregateResult, Aggregator, check_bool, check_choice, check_float, register
+from ._kernels import (
+    SORT_BYTES,
+    abs_row_quantiles,
+    block_width,
+    column_count,
+    map_blocks,
+    row_stats,
+    sign_gram,
+    signs,
+)
+from .base import AggregateResult, Aggregator, register
 
 # Table 1 of the paper: row -> switch settings (spec 2.7)
 ABLATIONS: dict[str, dict] = {
@@ -118,19 +128,19 @@ class FedSECA(Aggregator):
         clamp: bool | None = None,
     ):
         super().__init__(f)
-        self.ablation = check_choice("fedseca.ablation", ablation, tuple(ABLATIONS))
+        self.ablation = choice("fedseca.ablation", ablation, tuple(ABLATIONS))
         switches = ("rho", "coordwise", "crise", "vrs", "clip", "clamp")
         preset = {"gamma": 0.9, "beta": 0.5, **dict.fromkeys(switches, True), **ABLATIONS[ablation]}
         given = dict(gamma=gamma, beta=beta, rho=rho, coordwise=coordwise, crise=crise, vrs=vrs, clip=clip, clamp=clamp)
         cfg = {k: (preset[k] if v is None else v) for k, v in given.items()}
-        self.gamma = check_float("fedseca.gamma", cfg["gamma"], 0.0, 1.0, hi_open=True)
-        self.beta = check_float("fedseca.beta", cfg["beta"], 0.0, 1.0, hi_open=True)
+        self.gamma = real("fedseca.gamma", cfg["gamma"], 0.0, 1.0, hi_open=True)
+        self.beta = real("fedseca.beta", cfg["beta"], 0.0, 1.0, hi_open=True)
         for k in switches:
-            setattr(self, k, check_bool(f"fedseca.{k}", cfg[k]))
-        self.clamp_source = check_choice("fedseca.clamp_source", clamp_source, ("raw", "clipped"))
-        self.election_source = check_choice("fedseca.election_source", election_source, ("raw", "vrs"))
-        self.sparsify = check_choice("fedseca.sparsify", sparsify, (">=", ">"))
-        self.median = check_choice("fedseca.median", median, ("lower", "average"))
+            setattr(self, k, boolean(f"fedseca.{k}", cfg[k]))
+        self.clamp_source = choice("fedseca.clamp_source", clamp_source, ("raw", "clipped"))
+        self.election_source = choice("fedseca.election_source", election_source, ("raw", "vrs"))
+        self.sparsify = choice("fedseca.sparsify", sparsify, (">=", ">"))
+        self.median = choice("fedseca.median", median, ("lower", "average"))
         if not self.crise and not self.coordwise:
             raise ConfigError(
                 "fedseca.coordwise", "coordwise=false (rho-weighted mean) needs crise=true; crise=false already averages every client"

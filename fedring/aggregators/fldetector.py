@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.validate import integer
+
 from ._kernels import block_width, combine, gram, map_blocks
-from .base import AggregateResult, Aggregator, check_int, register
+from .base import AggregateResult, Aggregator, register
 
 
 def lbfgs_coefficients(GA: np.ndarray) -> np.ndarray | None:
@@ -138,9 +140,9 @@ class FLDetector(Aggregator):
 
     def __init__(self, f: int = 0, *, window: int = 10, nrefs: int = 10, kmax: int = 24):
         super().__init__(f)
-        self.window = check_int("fldetector.window", window, lo=1)
-        self.nrefs = check_int("fldetector.nrefs", nrefs, lo=1)
-        self.kmax = check_int("fldetector.kmax", kmax, lo=2)
+        self.window = integer("fldetector.window", window, lo=1)
+        self.nrefs = integer("fldetector.nrefs", nrefs, lo=1)
+        self.kmax = integer("fldetector.kmax", kmax, lo=2)
 
     def check(self, n):
         if n < 2:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from fedring.errors import ConfigError
+from fedring.validate import choice, integer, real
 
 from ._kernels import combine
-from .base import AGGREGATORS, AggregateResult, Aggregator, check_choice, check_float, check_int, register
+from .base import AGGREGATORS, AggregateResult, Aggregator, register
 
 
 def similarity_h(x: np.ndarray, Y: np.ndarray) -> np.ndarray:
@@ -58,8 +59,9 @@ class HPlus(Aggregator):
     Parameters
     ----------
     base : str
-        Rule giving the reference in base mode (``median``). Its parameters are the sub-table
-        named after it, e.g. ``{"base": "krum", "krum": {"variant": "byzfl"}}``.
+        Rule giving the reference in base mode (``median``). Its parameters are its own
+        settings section (``[krum]``), passed in ``sections`` (fedring does that):
+        ``make_aggregator("hplus", f, {"base": "krum", "krum": {"variant": "byzfl"}})``.
     mode : {"base", "clean"}
     K : int
         Repetitions (3).
@@ -93,35 +95,24 @@ class HPlus(Aggregator):
         rho: float = 0.1,
         tau: float = 100.0,
         segments: str = "random_coords",
-        base_params: dict | None = None,
+        sections: dict | None = None,
     ):
         super().__init__(f)
-        self.mode = check_choice("hplus.mode", mode, ("base", "clean"))
+        self.mode = choice("hplus.mode", mode, ("base", "clean"))
         allowed = tuple(sorted(k for k in AGGREGATORS if k != "hplus"))
-        self.base = check_choice("hplus.base", base, allowed)
-        self.K = check_int("hplus.K", K, lo=1)
-        self.r = check_int("hplus.r", r, lo=1)
-        self.N = None if N is None else check_int("hplus.N", N, lo=1)
-        self.rho = check_float("hplus.rho", rho, lo=0.0)
-        self.tau = check_float("hplus.tau", tau, lo=0.0)
-        self.segments = check_choice("hplus.segments", segments, ("random_coords", "contiguous"))
-        self.base_rule = AGGREGATORS[self.base].from_params(f, base_params) if self.mode == "base" else None
+        self.base = choice("hplus.base", base, allowed)
+        self.K = integer("hplus.K", K, lo=1)
+        self.r = integer("hplus.r", r, lo=1)
+        self.N = None if N is None else integer("hplus.N", N, lo=1)
+        self.rho = real("hplus.rho", rho, lo=0.0)
+        self.tau = real("hplus.tau", tau, lo=0.0)
+        self.segments = choice("hplus.segments", segments, ("random_coords", "contiguous"))
+        base_params = (sections or {}).get(self.base)
+        if base_params is not None and not isinstance(base_params, dict):
+            raise ConfigError(self.base, f"parameters of hplus's base rule must be a table, got {base_params!r}")
+        self.base_rule = AGGREGATORS.build(self.base, base_params, f=f) if self.mode == "base" else None
         self.needs_reference = self.mode == "clean" or bool(self.base_rule and self.base_rule.needs_reference)
         self.stateful = bool(self.base_rule and self.base_rule.stateful)
-
-    @classmethod
-    def param_names(cls):
-        return [p for p in super().param_names() if p != "base_params"]
-
-    @classmethod
-    def from_params(cls, f, params, key=None):
-        params = dict(params or {})
-        base = params.get("base", "median")
-        sub = params.pop(base, None) if isinstance(base, str) else None
-        if sub is not None and not isinstance(sub, dict):
-            raise ConfigError(f"hplus.{base}", f"parameters of the base rule must be a table, got {sub!r}")
-        cls.check_keys(params, key)
-        return cls(f, **params, base_params=sub)
 
     def keep_count(self, n: int) -> int:
         return n - self.f if self.N is None else self.N

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.validate import integer, real
+
 from ._kernels import combine, fixed_point, gram
-from .base import AggregateResult, Aggregator, check_float, check_int, register
+from .base import AggregateResult, Aggregator, register
 
 
 @register
@@ -48,10 +50,10 @@ class Huber(Aggregator):
 
     def __init__(self, f: int = 0, *, tau: float = 0.2, iters: int = 100, tol: float = 1e-3, eps: float = 1e-6):
         super().__init__(f)
-        self.tau = check_float("huber.tau", tau, lo=0.0, lo_open=True)
-        self.iters = check_int("huber.iters", iters, lo=0)
-        self.tol = check_float("huber.tol", tol, lo=0.0)
-        self.eps = check_float("huber.eps", eps, lo=0.0, lo_open=True)
+        self.tau = real("huber.tau", tau, lo=0.0, lo_open=True)
+        self.iters = integer("huber.iters", iters, lo=0)
+        self.tol = real("huber.tol", tol, lo=0.0)
+        self.eps = real("huber.eps", eps, lo=0.0, lo_open=True)
 
     def _aggregate(self, X, state, reference, rng):
         n = X.shape[0]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.validate import choice, integer
+
 from ._kernels import combine, gram
-from .base import AggregateResult, Aggregator, check_choice, check_int, register
+from .base import AggregateResult, Aggregator, register
 
 # variant -> (distance, neighbours = n - f - offset); self is never its own neighbour
 KRUM_VARIANTS: dict[str, tuple[str, int]] = {
@@ -88,7 +90,7 @@ class Krum(Aggregator):
 
     def __init__(self, f: int = 0, *, variant: str = "paper"):
         super().__init__(f)
-        self.variant = check_choice(f"{self.name}.variant", variant, tuple(KRUM_VARIANTS))
+        self.variant = choice(f"{self.name}.variant", variant, tuple(KRUM_VARIANTS))
 
     def check(self, n):
         return krum_check(self.name, n, self.f, self.variant) or super().check(n)
@@ -124,7 +126,7 @@ class MultiKrum(Krum):
 
     def __init__(self, f: int = 0, *, variant: str = "paper", m: int | None = None):
         super().__init__(f, variant=variant)
-        self.m = None if m is None else check_int("multikrum.m", m, lo=1)
+        self.m = None if m is None else integer("multikrum.m", m, lo=1)
 
     def count(self, n: int) -> int:
         return n - self.f if self.m is None else self.m

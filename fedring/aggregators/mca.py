@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.validate import integer, real
+
 from ._kernels import combine, fixed_point, gram
-from .base import AggregateResult, Aggregator, check_float, check_int, register
+from .base import AggregateResult, Aggregator, register
 
 
 @register
@@ -44,9 +46,9 @@ class MCA(Aggregator):
 
     def __init__(self, f: int = 0, *, sigma: float | None = None, iters: int = 100, tol: float = 1e-5):
         super().__init__(f)
-        self.sigma = None if sigma is None else check_float("mca.sigma", sigma, lo=0.0, lo_open=True)
-        self.iters = check_int("mca.iters", iters, lo=0)
-        self.tol = check_float("mca.tol", tol, lo=0.0)
+        self.sigma = None if sigma is None else real("mca.sigma", sigma, lo=0.0, lo_open=True)
+        self.iters = integer("mca.iters", iters, lo=0)
+        self.tol = real("mca.tol", tol, lo=0.0)
 
     def kernel_width(self, D2: np.ndarray) -> float:
         if self.sigma is not None:

@@ -7,8 +7,10 @@ import math
 
 import numpy as np
 
+from fedring.validate import integer, real
+
 from ._kernels import gram, row_stats
-from .base import PreAggregator, check_float, check_int, register_pre
+from .base import PreAggregator, register_pre
 
 
 @register_pre
@@ -62,7 +64,7 @@ class Bucketing(PreAggregator):
 
     def __init__(self, f: int = 0, *, s: int = 2):
         super().__init__(f)
-        self.s = check_int("bucketing.s", s, lo=1)
+        self.s = integer("bucketing.s", s, lo=1)
 
     def out_rows(self, n):
         return math.ceil(n / self.s)
@@ -103,7 +105,7 @@ class Clipping(PreAggregator):
 
     def __init__(self, f: int = 0, *, c: float = 2.0):
         super().__init__(f)
-        self.c = check_float("clipping.c", c, lo=0.0, lo_open=True)
+        self.c = real("clipping.c", c, lo=0.0, lo_open=True)
 
     def transform(self, X, rng):
         norms = np.sqrt(row_stats(X)[0])

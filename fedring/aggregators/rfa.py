@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.validate import choice, integer, real
+
 from ._kernels import combine, fixed_point, gram
-from .base import AggregateResult, Aggregator, check_choice, check_float, check_int, register
+from .base import AggregateResult, Aggregator, register
 
 
 @register
@@ -48,10 +50,10 @@ class GeoMed(Aggregator):
 
     def __init__(self, f: int = 0, *, iters: int = 100, tol: float = 1e-5, nu: float = 1e-6, init: str = "mean"):
         super().__init__(f)
-        self.iters = check_int("geomed.iters", iters, lo=0)
-        self.tol = check_float("geomed.tol", tol, lo=0.0)
-        self.nu = check_float("geomed.nu", nu, lo=0.0, lo_open=True)
-        self.init = check_choice("geomed.init", init, ("mean", "zero"))
+        self.iters = integer("geomed.iters", iters, lo=0)
+        self.tol = real("geomed.tol", tol, lo=0.0)
+        self.nu = real("geomed.nu", nu, lo=0.0, lo_open=True)
+        self.init = choice("geomed.init", init, ("mean", "zero"))
 
     def _aggregate(self, X, state, reference, rng):
         n, d = X.shape

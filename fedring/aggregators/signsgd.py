@@ -6,8 +6,10 @@ import math
 
 import numpy as np
 
+from fedring.validate import integer
+
 from ._kernels import block_width, column_sign_sum, map_blocks
-from .base import AggregateResult, Aggregator, check_int, register
+from .base import AggregateResult, Aggregator, register
 
 
 def sign_sum(X: np.ndarray) -> np.ndarray:
@@ -69,7 +71,7 @@ class RLR(Aggregator):
 
     def __init__(self, f: int = 0, *, theta: int | None = None):
         super().__init__(f)
-        self.theta = None if theta is None else check_int("rlr.theta", theta, lo=0)
+        self.theta = None if theta is None else integer("rlr.theta", theta, lo=0)
 
     def threshold(self, n: int) -> int:
         return math.ceil(0.2 * n) if self.theta is None else self.theta

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._kernels import abs_row_quantiles, block_width, column_count, column_sign_sum, map_blocks
-from .base import AggregateResult, Aggregator, check_choice, check_float, register
+from fedring.validate import choice, real
+
+from ._kernels import (
+    abs_row_quantiles,
+    block_width,
+    column_count,
+    column_sign_sum,
+    map_blocks,
+)
+from .base import AggregateResult, Aggregator, register
 
 
 @register
@@ -41,8 +49,8 @@ class RTiesMerge(Aggregator):
 
     def __init__(self, f: int = 0, *, gamma: float = 0.9, election: str = "sign"):
         super().__init__(f)
-        self.gamma = check_float("ties.gamma", gamma, 0.0, 1.0, hi_open=True)
-        self.election = check_choice("ties.election", election, ("sign", "magnitude"))
+        self.gamma = real("ties.gamma", gamma, 0.0, 1.0, hi_open=True)
+        self.election = choice("ties.election", election, ("sign", "magnitude"))
 
     def _aggregate(self, X, state, reference, rng):
         n, d = X.shape

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.validate import real
+
 from ._kernels import combine, row_stats
-from .base import AggregateResult, Aggregator, check_float, register
+from .base import AggregateResult, Aggregator, register
 
 
 @register
@@ -46,9 +48,9 @@ class ZenoPP(Aggregator):
 
     def __init__(self, f: int = 0, *, gamma: float = 1.0, rho: float = 0.001, eps: float = 0.1):
         super().__init__(f)
-        self.gamma = check_float("zenopp.gamma", gamma, lo=0.0, lo_open=True)
-        self.rho = check_float("zenopp.rho", rho, lo=0.0)
-        self.eps = check_float("zenopp.eps", eps, lo=0.0)
+        self.gamma = real("zenopp.gamma", gamma, lo=0.0, lo_open=True)
+        self.rho = real("zenopp.rho", rho, lo=0.0)
+        self.eps = real("zenopp.eps", eps, lo=0.0)
 
     def _aggregate(self, X, state, reference, rng):
         sq, dots = row_stats(X, reference[None, :])

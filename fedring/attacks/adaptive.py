@@ -12,8 +12,10 @@ from typing import Callable
 
 import numpy as np
 
+from fedring.validate import choice, integer, real
+
 from ..errors import ConfigError
-from .base import AttackContext, ModelAttack, choice, number
+from .base import ATTACKS, AttackContext, ModelAttack
 from .minmax import perturbation
 
 TARGETS = ("brace", "generic")
@@ -97,6 +99,7 @@ def direction(honest: np.ndarray, kind: str) -> np.ndarray:
     return honest.mean(axis=0) if kind == "mean" else perturbation(honest, kind)
 
 
+@ATTACKS.register
 class Adaptive(ModelAttack):
     r"""An attack that knows the defence.
 
@@ -149,28 +152,26 @@ class Adaptive(ModelAttack):
 
     name = "adaptive"
     knowledge = "omniscient"
+    params = ("target", *_OWN)
 
     def __init__(self, target: str = "brace", **params):
-        self.target = choice("target", target, TARGETS)
+        self.target = choice("attack.target", target, TARGETS)
         for key, value in params.items():
-            if key not in _OWN:
-                raise ConfigError(f"attack.{key}", f"not a parameter of attack adaptive; allowed: "
-                                  f"target, {', '.join(_OWN)}")
             if _OWN[key][0] != target:
                 raise ConfigError(f"attack.{key}", f"applies to attack.target={_OWN[key][0]!r}, not {target!r}")
         get = lambda key: params.get(key, _OWN[key][1])  # noqa: E731
         if target == "brace":
-            self.mode = choice("mode", get("mode"), ("closed_form", "margin"))
-            self.lam = number("lam", get("lam"))
-            self.budget = number("budget", get("budget"), low=0.0, low_open=True, high=1.0)
+            self.mode = choice("attack.mode", get("mode"), ("closed_form", "margin"))
+            self.lam = real("attack.lam", get("lam"))
+            self.budget = real("attack.budget", get("budget"), lo=0.0, lo_open=True, hi=1.0)
             if self.mode == "closed_form" and ("lam" in params or "budget" in params):
                 raise ConfigError("attack.mode", "lam and budget apply to mode 'margin' only")
         else:
-            self.perturbation = choice("perturbation", get("perturbation"), DIRECTIONS)
-            self.evals = number("evals", get("evals"), low=1, integer=True)
-            self.start = number("start", get("start"), low=0.0)
-            self.delta = number("delta", get("delta"), low=0.0, low_open=True)
-            self.ratio = number("ratio", get("ratio"), low=0.5, low_open=True, high=1.0)
+            self.perturbation = choice("attack.perturbation", get("perturbation"), DIRECTIONS)
+            self.evals = integer("attack.evals", get("evals"), lo=1)
+            self.start = real("attack.start", get("start"), lo=0.0)
+            self.delta = real("attack.delta", get("delta"), lo=0.0, lo_open=True)
+            self.ratio = real("attack.ratio", get("ratio"), lo=0.5, lo_open=True, hi=1.0)
             if self.ratio == 1.0:
                 raise ConfigError("attack.ratio", "must be < 1")
 

@@ -7,8 +7,10 @@ from statistics import NormalDist
 
 import numpy as np
 
+from fedring.validate import choice, real
+
 from ..errors import ConfigError
-from .base import AttackContext, ModelAttack, choice, number, std
+from .base import ATTACKS, AttackContext, ModelAttack, std
 
 
 def alie_z(n: int, f: int) -> float:
@@ -36,6 +38,7 @@ def alie_z(n: int, f: int) -> float:
     return NormalDist().inv_cdf((n - f - s) / (n - f))
 
 
+@ATTACKS.register
 class ALIE(ModelAttack):
     r"""Shift the honest mean by z coordinate-wise standard deviations.
 
@@ -76,10 +79,10 @@ class ALIE(ModelAttack):
     name = "alie"
 
     def __init__(self, z: float | None = None, ddof: int = 1, stats: str = "honest", jitter: float = 0.0):
-        self.z = None if z is None else number("z", z)
-        self.ddof = choice("ddof", ddof, (0, 1))
-        self.stats = choice("stats", stats, ("honest", "byzantine"))
-        self.jitter = number("jitter", jitter, low=0.0)
+        self.z = None if z is None else real("attack.z", z)
+        self.ddof = choice("attack.ddof", ddof, (0, 1))
+        self.stats = choice("attack.stats", stats, ("honest", "byzantine"))
+        self.jitter = real("attack.jitter", jitter, lo=0.0)
         self.knowledge = "omniscient" if stats == "honest" else "collusion"
 
     def check(self, n: int, b: int, f: int | None = None) -> None:

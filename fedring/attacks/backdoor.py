@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.validate import integer, real
+
 from ..errors import ConfigError
-from .base import DataAttack, number
+from .base import ATTACKS, DataAttack
 
 # (row, col) offsets from the bottom-right corner: on 28 x 28 images these are FLDetector's
 # Fashion-MNIST pixels (26, 26), (24, 26), (26, 24), (25, 25), a small "x".
@@ -15,6 +17,7 @@ TRIGGER_OFFSETS = ((2, 2), (4, 2), (2, 4), (3, 3))
 TRIGGER_FEATURES = 4
 
 
+@ATTACKS.register
 class Backdoor(DataAttack):
     r"""Stamp a trigger on part of each Byzantine batch, relabel it to a target, scale the gradient.
 
@@ -58,14 +61,14 @@ class Backdoor(DataAttack):
 
     def __init__(self, target: int = 0, fraction: float = 0.5, scale: float | None = None,
                  value: float = 1.0, *, n_clients: int | None = None):
-        self.target = number("target", target, low=0, integer=True)
-        self.fraction = number("fraction", fraction, low=0.0, low_open=True, high=1.0)
-        self.value = number("value", value)
+        self.target = integer("attack.target", target, lo=0)
+        self.fraction = real("attack.fraction", fraction, lo=0.0, lo_open=True, hi=1.0)
+        self.value = real("attack.value", value)
         if scale is None:
             if n_clients is None:
                 raise ConfigError("attack.scale", "give attack.scale, or build the attack with the number of clients")
             scale = n_clients
-        self.scale = number("scale", scale, low=0.0, low_open=True)
+        self.scale = real("attack.scale", scale, lo=0.0, lo_open=True)
 
     def stamp(self, x: np.ndarray) -> np.ndarray:
         """A triggered copy of ``x`` (images ``(N, ..., H, W)`` or feature vectors ``(N, p)``)."""

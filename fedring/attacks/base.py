@@ -16,13 +16,16 @@ drops them otherwise, so an attack cannot use more than it declares.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Callable, ClassVar
 
 import numpy as np
 
-from ..errors import ConfigError
+from fedring.registry import Registry
+
+#: the attacks, by name (``--attack NAME``; parameters ``attack.*``)
+ATTACKS = Registry("attack")
+
 
 @dataclass
 class AttackContext:
@@ -128,30 +131,6 @@ class DataAttack:
 
     def poison(self, x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
-
-
-# -- parameter checks: each raises ConfigError("attack.<key>", ...) --------------------------
-
-def number(key: str, value: Any, *, low: float | None = None, high: float | None = None,
-           low_open: bool = False, integer: bool = False) -> float | int:
-    """A real (or integer) setting within bounds; bools and strings are refused."""
-    ok_type = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
-    if integer:
-        ok_type = ok_type and float(value).is_integer()
-    if not ok_type or not math.isfinite(float(value)):
-        raise ConfigError(f"attack.{key}", f"expected a finite {'integer' if integer else 'number'}, got {value!r}")
-    v = int(value) if integer else float(value)
-    if low is not None and (v <= low if low_open else v < low):
-        raise ConfigError(f"attack.{key}", f"must be {'>' if low_open else '>='} {low}, got {value!r}")
-    if high is not None and v > high:
-        raise ConfigError(f"attack.{key}", f"must be <= {high}, got {value!r}")
-    return v
-
-
-def choice(key: str, value: Any, allowed: tuple) -> Any:
-    if value not in allowed:
-        raise ConfigError(f"attack.{key}", f"{value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
-    return value
 
 
 def std(rows: np.ndarray, ddof: int, who: str) -> np.ndarray:

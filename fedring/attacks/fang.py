@@ -13,8 +13,10 @@ import math
 
 import numpy as np
 
+from fedring.validate import choice, real
+
 from ..errors import ConfigError
-from .base import AttackContext, ModelAttack, choice, number
+from .base import ATTACKS, AttackContext, ModelAttack
 
 
 def _sq_dists(rows: np.ndarray) -> np.ndarray:
@@ -90,6 +92,7 @@ def fang_krum_lambda(benign: np.ndarray, s: np.ndarray, b: int, f: int, lr: floa
         lam /= 2
 
 
+@ATTACKS.register
 class FangKrum(ModelAttack):
     r"""Fang et al.'s attack on Krum: all attackers send a scaled inverse sign vector Krum selects.
 
@@ -128,8 +131,8 @@ class FangKrum(ModelAttack):
     name = "fang_krum"
 
     def __init__(self, variant: str = "full", tol: float = 1e-5):
-        self.variant = choice("variant", variant, ("full", "partial"))
-        self.tol = number("tol", tol, low=0.0, low_open=True)
+        self.variant = choice("attack.variant", variant, ("full", "partial"))
+        self.tol = real("attack.tol", tol, lo=0.0, lo_open=True)
         self.knowledge = "omniscient" if variant == "full" else "collusion"
 
     def check(self, n: int, b: int, f: int | None = None) -> None:
@@ -153,6 +156,7 @@ class FangKrum(ModelAttack):
         return np.broadcast_to(-lam * s, byz.shape)
 
 
+@ATTACKS.register
 class FangTrim(ModelAttack):
     r"""Fang et al.'s attack on trimmed mean / median: push every coordinate past the extremes.
 
@@ -185,8 +189,8 @@ class FangTrim(ModelAttack):
     name = "fang_trim"
 
     def __init__(self, variant: str = "full", b: float = 2.0):
-        self.variant = choice("variant", variant, ("full", "partial"))
-        self.b = number("b", b, low=1.0)
+        self.variant = choice("attack.variant", variant, ("full", "partial"))
+        self.b = real("attack.b", b, lo=1.0)
         self.knowledge = "omniscient" if variant == "full" else "collusion"
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.validate import choice, real
+
 from ..errors import ConfigError
-from .base import AttackContext, ModelAttack, choice, number
+from .base import ATTACKS, AttackContext, ModelAttack
 
 SOURCES = ("own", "mean", "sum")
 
@@ -17,6 +19,7 @@ def _reference(source: str, byz: np.ndarray, honest: np.ndarray | None) -> np.nd
     return np.broadcast_to(ref, byz.shape)
 
 
+@ATTACKS.register
 class SignFlip(ModelAttack):
     r"""Send the negated, scaled reference gradient.
 
@@ -50,14 +53,15 @@ class SignFlip(ModelAttack):
     name = "signflip"
 
     def __init__(self, source: str = "own", scale: float = 1.0):
-        self.source = choice("source", source, SOURCES)
-        self.scale = number("scale", scale, low=0.0, low_open=True)
+        self.source = choice("attack.source", source, SOURCES)
+        self.scale = real("attack.scale", scale, lo=0.0, lo_open=True)
         self.knowledge = "own" if source == "own" else "omniscient"
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         return -self.scale * _reference(self.source, byz, honest)
 
 
+@ATTACKS.register
 class Scaling(ModelAttack):
     r"""Send the reference gradient multiplied by a large factor.
 
@@ -91,10 +95,10 @@ class Scaling(ModelAttack):
     name = "scaling"
 
     def __init__(self, factor: float = 10.0, source: str = "mean"):
-        self.factor = number("factor", factor)
+        self.factor = real("attack.factor", factor)
         if self.factor == 0:
             raise ConfigError("attack.factor", "must be non-zero")
-        self.source = choice("source", source, SOURCES)
+        self.source = choice("attack.source", source, SOURCES)
         self.knowledge = "own" if source == "own" else "omniscient"
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import AttackContext, ModelAttack, number
+from fedring.validate import real
+
+from .base import ATTACKS, AttackContext, ModelAttack
 
 
+@ATTACKS.register
 class Gaussian(ModelAttack):
     r"""Every Byzantine client sends pure Gaussian noise.
 
@@ -39,8 +42,8 @@ class Gaussian(ModelAttack):
     knowledge = "own"
 
     def __init__(self, sigma: float = 200.0, mean: float = 0.0):
-        self.sigma = number("sigma", sigma, low=0.0, low_open=True)
-        self.mean = number("mean", mean)
+        self.sigma = real("attack.sigma", sigma, lo=0.0, lo_open=True)
+        self.mean = real("attack.mean", mean)
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         return ctx.rng.normal(self.mean, self.sigma, size=byz.shape)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import AttackContext, ModelAttack
+from .base import ATTACKS, AttackContext, ModelAttack
 
 
+@ATTACKS.register
 class HPlusAttack(ModelAttack):
     r"""Send minus the honest mean.
 

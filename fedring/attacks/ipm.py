@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import AttackContext, ModelAttack, number
+from fedring.validate import real
+
+from .base import ATTACKS, AttackContext, ModelAttack
 
 
+@ATTACKS.register
 class IPM(ModelAttack):
     r"""Send a negative multiple of the honest mean, so ⟨true gradient, aggregate⟩ turns negative.
 
@@ -43,8 +46,8 @@ class IPM(ModelAttack):
     knowledge = "omniscient"
 
     def __init__(self, epsilon: float = 1.3, jitter: float = 0.0):
-        self.epsilon = number("epsilon", epsilon, low=0.0, low_open=True)
-        self.jitter = number("jitter", jitter, low=0.0)
+        self.epsilon = real("attack.epsilon", epsilon, lo=0.0, lo_open=True)
+        self.jitter = real("attack.jitter", jitter, lo=0.0)
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         eps = np.full((byz.shape[0], 1), self.epsilon)
@@ -53,6 +56,7 @@ class IPM(ModelAttack):
         return -eps * honest.mean(axis=0)
 
 
+@ATTACKS.register
 class FoE(ModelAttack):
     r"""Fall of Empires in the H+ paper's form: a multiple q of the honest mean.
 
@@ -81,7 +85,7 @@ class FoE(ModelAttack):
     knowledge = "omniscient"
 
     def __init__(self, q: float = -0.1):
-        self.q = number("q", q)
+        self.q = real("attack.q", q)
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         return np.broadcast_to(self.q * honest.mean(axis=0), byz.shape)

@@ -6,10 +6,13 @@ from typing import Sequence
 
 import numpy as np
 
+from fedring.validate import integer
+
 from ..errors import ConfigError
-from .base import DataAttack, number
+from .base import ATTACKS, DataAttack
 
 
+@ATTACKS.register
 class LabelFlip(DataAttack):
     r"""Relabel every sample of a Byzantine client's batch: :math:`y \mapsto L - 1 - y`, or a given map.
 
@@ -34,7 +37,7 @@ class LabelFlip(DataAttack):
     name = "labelflip"
 
     def __init__(self, num_classes: int = 10, mapping: Sequence[int] | None = None):
-        self.num_classes = number("num_classes", num_classes, low=2, integer=True)
+        self.num_classes = integer("attack.num_classes", num_classes, lo=2)
         if mapping is None:
             self.mapping = np.arange(self.num_classes)[::-1].copy()
         else:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.validate import integer
+
 from ..errors import ConfigError
-from .base import AttackContext, ModelAttack, number
+from .base import ATTACKS, AttackContext, ModelAttack
 
 
 def mimic_target(honest: np.ndarray) -> int:
@@ -23,6 +25,7 @@ def mimic_target(honest: np.ndarray) -> int:
     return int(np.argmax(np.abs(vecs[:, -1])))
 
 
+@ATTACKS.register
 class Mimic(ModelAttack):
     r"""Every attacker sends a copy of one honest client's gradient.
 
@@ -57,7 +60,7 @@ class Mimic(ModelAttack):
     knowledge = "omniscient"
 
     def __init__(self, worker: int | None = None):
-        self.worker = None if worker is None else number("worker", worker, low=0, integer=True)
+        self.worker = None if worker is None else integer("attack.worker", worker, lo=0)
 
     def check(self, n: int, b: int, f: int | None = None) -> None:
         if self.worker is not None and self.worker >= n - b:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import AttackContext, ModelAttack, choice, number, std
+from fedring.validate import choice, real
+
+from .base import ATTACKS, AttackContext, ModelAttack, std
 
 PERTURBATIONS = ("unit_vec", "std", "sign")
 
@@ -65,6 +67,7 @@ def min_max_sum_gamma(honest: np.ndarray, kind: str, dev: np.ndarray, gamma_init
     return succ
 
 
+@ATTACKS.register
 class MinMax(ModelAttack):
     r"""Min-Max: the honest mean pushed along −dev as far as its largest distance to any honest
     gradient stays within the largest honest pairwise distance.
@@ -105,9 +108,9 @@ class MinMax(ModelAttack):
     constraint = "minmax"
 
     def __init__(self, perturbation: str = "std", gamma_init: float = 10.0, tol: float = 1e-5):
-        self.perturbation = choice("perturbation", perturbation, PERTURBATIONS)
-        self.gamma_init = number("gamma_init", gamma_init, low=0.0, low_open=True)
-        self.tol = number("tol", tol, low=0.0, low_open=True)
+        self.perturbation = choice("attack.perturbation", perturbation, PERTURBATIONS)
+        self.gamma_init = real("attack.gamma_init", gamma_init, lo=0.0, lo_open=True)
+        self.tol = real("attack.tol", tol, lo=0.0, lo_open=True)
         self.bound = "max"
 
     def gamma(self, honest: np.ndarray) -> tuple[float, np.ndarray]:
@@ -120,6 +123,7 @@ class MinMax(ModelAttack):
         return np.broadcast_to(honest.mean(axis=0) - gamma * dev, byz.shape)
 
 
+@ATTACKS.register
 class MinSum(MinMax):
     r"""Min-Sum: like :class:`MinMax` with the sum of squared distances to the honest gradients.
 
@@ -143,4 +147,4 @@ class MinSum(MinMax):
     def __init__(self, perturbation: str = "std", gamma_init: float = 10.0, tol: float = 1e-5,
                  bound: str = "max"):
         super().__init__(perturbation, gamma_init, tol)
-        self.bound = choice("bound", bound, ("max", "min"))
+        self.bound = choice("attack.bound", bound, ("max", "min"))

@@ -6,11 +6,14 @@ import math
 
 import numpy as np
 
-from .base import AttackContext, ModelAttack, choice, number
+from fedring.validate import choice, real
+
+from .base import ATTACKS, AttackContext, ModelAttack
 
 VALUES = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf}
 
 
+@ATTACKS.register
 class NonFinite(ModelAttack):
     r"""Every Byzantine client sends NaN or infinities on a fraction of the coordinates.
 
@@ -45,8 +48,8 @@ class NonFinite(ModelAttack):
     knowledge = "own"
 
     def __init__(self, value: str = "nan", fraction: float = 1.0):
-        self.value = choice("value", value, (*VALUES, "mixed"))
-        self.fraction = number("fraction", fraction, low=0.0, low_open=True, high=1.0)
+        self.value = choice("attack.value", value, (*VALUES, "mixed"))
+        self.fraction = real("attack.fraction", fraction, lo=0.0, lo_open=True, hi=1.0)
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         out = byz.copy()

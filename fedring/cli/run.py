@@ -12,53 +12,87 @@ import os
 
 from mpi4py import MPI
 
-from fedring.config import Config, load_toml, merge, parse_value, validate
+from fedring.config import GENERAL, Config, load_toml, merge, parse_value, validate
 from fedring.errors import ConfigError
 from fedring.runtime import Watchdog, agree_on_config_error
+from fedring.tasks import TASKS
+
 
 class ArgumentParser(argparse.ArgumentParser):
-    """Reports usage errors as :class:`ConfigError`, so only rank 0 prints them."""
+    """Reports usage errors as :class:`ConfigError` (so only rank 0 prints them); ``--help``
+    is printed by rank 0 only."""
 
     def error(self, message):
-        raise ConfigError("arguments", f"{message} (see python -m fedring --help)")
+        raise ConfigError("arguments", f"{message} (see {self.prog} --help)")
+
+    def print_help(self, file=None):
+        from . import _launched_ranks
+
+        if _launched_ranks()[0] == 0:
+            super().print_help(file)
+
+
+def general_options(p: argparse.ArgumentParser) -> None:
+    """The options of every task: settings files, --set, seed, output, resume."""
+    add = p.add_argument
+    add("--config", metavar="FILE.toml", help="settings file (keys as below, sections as [name]); applied first")
+    add("--set", action="append", default=[], metavar="KEY=VALUE",
+        help="any setting, e.g. rounds=5 or krum.variant=byzfl (after --config, before the options here)")
+    add("--seed", type=int, metavar="S", help="every random draw derives from it (default 0)")
+    add("--out", metavar="PATH.h5", help="results file (default: results/<a name made of the settings>.h5)")
+    add("--overwrite", action="store_const", const=True, help="replace an existing results file")
+    add("--resume", action="store_const", const=True, help="continue the run stored in --out from its checkpoint")
+    add("--quiet", action="store_const", const=True, help="no banner and no progress lines")
 
 
 def run_parser() -> ArgumentParser:
+    from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS
+    from fedring.attacks import ATTACKS
+    from fedring.comm import RING_RULES
+    from fedring.train.schedules import SCHEDULES
+    from fedring.train.task import DATASETS, PARTITIONS
+
+    d = Config()
     p = ArgumentParser(
-        prog="python -m fedring [run]",
-        description="Federated training over MPI; results stream to an HDF5 file.",
+        prog="python -m fedring run",
+        description="Federated training over MPI (task train); results stream to an HDF5 file. Every option is "
+                    "also a settings key (--set key=value, or a TOML file); a component's parameters go in a "
+                    "section named after it (--set krum.variant=byzfl, --set attack.sigma=50). docs/cli.md lists "
+                    "every key of every task.",
     )
+    general_options(p)
     add = p.add_argument
-    add("--config", metavar="FILE.toml", help="settings file (keys as below, sections as [name])")
-    add("--set", action="append", default=[], metavar="KEY=VALUE", help="any setting, e.g. rounds=5 or krum.variant=byzfl")
-    add("--topology", help="ring | server (default ring)")
-    add("--aggregator", help="aggregation rule (default mean)")
-    add("--pre-aggregators", dest="pre_aggregators", metavar="A,B", help="pre-aggregators in front of a server rule: nnm, bucketing, clipping")
-    add("--byzantine", type=float, metavar="X", help="Byzantine clients: a fraction (< 1) or a count (default 0)")
-    add("--declared-f", dest="declared_f", type=int, metavar="F", help="Byzantine count the defence is told (default: actual)")
-    add("--attack", help="attack of the Byzantine clients (default none); parameters as attack.KEY")
-    add("--clients", type=int, metavar="K", help="logical clients (default: number of ranks)")
-    add("--dataset", help="fashion-mnist | synthetic (default fashion-mnist)")
-    add("--data-dir", dest="data_dir", metavar="DIR", help="Fashion-MNIST IDX files (default $FEDRING_DATA or Debian's)")
-    add("--partition", help="iid | fang | dirichlet (default fang)")
-    add("--noniid", type=float, metavar="X", help="Fang's degree q (default 0.5) or Dirichlet alpha")
-    add("--rounds", type=int, metavar="R")
-    add("--lr", type=float)
-    add("--lr-schedule", dest="lr_schedule", help="constant | step | invsqrt | cosine (default constant); parameters as step.KEY ...")
-    add("--batch-size", dest="batch_size", type=int)
-    add("--local-steps", dest="local_steps", type=int)
-    add("--seed", type=int, metavar="S")
-    add("--eval-every", dest="eval_every", type=int, metavar="E")
-    add("--out", metavar="PATH.h5")
-    add("--checkpoint-every", dest="checkpoint_every", type=int, metavar="C", help="checkpoint into the results file every C rounds (default 10)")
-    add("--overwrite", action="store_const", const=True)
-    add("--resume", action="store_const", const=True, help="continue the run stored in --out from its checkpoint")
-    add("--quiet", action="store_const", const=True)
+    add("--topology", help=f"ring (the logical ring of clients) or server (rank 0 aggregates); default {d.topology}")
+    add("--aggregator", metavar="RULE",
+        help=f"on the ring: {', '.join(RING_RULES)}; on a server: {', '.join(AGGREGATORS)} (default {d.aggregator})")
+    add("--pre-aggregators", dest="pre_aggregators", metavar="A,B",
+        help=f"in front of a server rule, in order: {', '.join(PRE_AGGREGATORS)} (default none)")
+    add("--clients", type=int, metavar="K", help="logical clients, K >= ranks; rank r hosts a contiguous block (default: one per rank)")
+    add("--byzantine", type=float, metavar="X", help="Byzantine clients: a fraction (< 1, rounded) or a count (default 0)")
+    add("--declared-f", dest="declared_f", type=int, metavar="F", help="the Byzantine count the defence is told (default: the actual count)")
+    add("--attack", metavar="NAME", help=f"none, {', '.join(ATTACKS)} (default none); parameters as attack.KEY")
+    add("--dataset", help=f"{', '.join(DATASETS)} (default {d.dataset})")
+    add("--data-dir", dest="data_dir", metavar="DIR", help="Fashion-MNIST IDX files (default $FEDRING_DATA, else Debian's /usr/share/datasets/fashion-mnist)")
+    add("--partition", help=f"{', '.join(PARTITIONS)} (default {d.partition})")
+    add("--noniid", type=float, metavar="X", help=f"Fang's degree q, or the Dirichlet alpha (default {d.noniid})")
+    add("--rounds", type=int, metavar="R", help=f"communication rounds (default {d.rounds})")
+    add("--lr", type=float, help=f"w <- w - lr * aggregate; the sign rules move each coordinate by lr (default {d.lr}; use ~3e-3 for them)")
+    add("--lr-schedule", dest="lr_schedule", metavar="NAME", help=f"{', '.join(SCHEDULES)} (default constant); parameters as step.KEY ...")
+    add("--batch-size", dest="batch_size", type=int, metavar="B", help=f"mini-batch per client and local step (default {d.batch_size})")
+    add("--local-steps", dest="local_steps", type=int, metavar="S", help=f"1: FedSGD; k > 1: (w - w_local)/lr after k SGD steps (default {d.local_steps})")
+    add("--eval-every", dest="eval_every", type=int, metavar="E", help=f"evaluate (and print a line) every E rounds and at the last (default {d.eval_every})")
+    add("--checkpoint-every", dest="checkpoint_every", type=int, metavar="C", help=f"checkpoint into the results file every C rounds (default {d.checkpoint_every})")
     return p
 
 
-def build_config(argv: list[str], world_size: int) -> Config:
-    args = run_parser().parse_args(argv)
+def build_config(argv: list[str], world_size: int, parser: ArgumentParser | None = None,
+                 section: str | None = None) -> Config:
+    """The validated config of a command line: ``--config``, then ``--set``, then the named options.
+
+    With ``section``, the named options other than the general ones are that task's settings
+    (``python -m fedring conformal prism --trials 5`` sets ``prism.trials``).
+    """
+    args = (parser or run_parser()).parse_args(argv)
     cfg = Config()
     if args.config:
         merge(cfg, load_toml(args.config), args.config)
@@ -68,27 +102,30 @@ def build_config(argv: list[str], world_size: int) -> Config:
             raise ConfigError("set", f"expected KEY=VALUE, got {item!r}")
         merge(cfg, {key.strip(): parse_value(value.strip())}, "--set")
     named = {k: v for k, v in vars(args).items() if k not in ("config", "set") and v is not None}
+    if section is not None:
+        cfg.task = section
+        named = {k if k in GENERAL else f"{section}.{k}": v for k, v in named.items()}
     merge(cfg, named, "command line")
     return validate(cfg, world_size)
 
 
-def run(argv: list[str]) -> int:
+def run(argv: list[str], parser: ArgumentParser | None = None, section: str | None = None) -> int:
+    """One run of any task, on every rank: settings agreed, a banner, then the job under the watchdog."""
     watchdog = Watchdog.start()  # first: a signal from now on asks for a clean stop
-    from fedring.train.loop import train  # torch is imported only for training
-    from fedring.train.trainer import Trainer
-
     comm = MPI.COMM_WORLD
 
     def job() -> int:
-        error, trainer = None, None
+        error = cfg = work = None
         try:
-            cfg = build_config(argv, comm.size)
+            cfg = build_config(argv, comm.size, parser, section)
             watchdog.grace = cfg.stop_grace
-            trainer = Trainer(cfg, comm)
+            work = TASKS[cfg.task].prepare(cfg, comm)
         except ConfigError as e:
             error = e
         agree_on_config_error(comm, error)
-        return train(trainer, watchdog)
+        if comm.rank == 0 and not cfg.quiet:
+            print(TASKS[cfg.task].banner(cfg, comm.size), flush=True)
+        return work.run(watchdog)
 
     return watchdog.run(job)
 

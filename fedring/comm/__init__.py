@@ -10,8 +10,9 @@
 Imports no torch.
 """
 
+from . import brace  # noqa: F401  (registers BRACE, signSGD and RLR as ring rules)
 from .network import SIDE_CHANNELS, Layout, Ledger, Network, block_bounds
-from .ring import all_gather, reduce_scatter, ring_allreduce
+from .ring import RING_RULES, all_gather, reduce_scatter, ring_allreduce
 
-__all__ = ["SIDE_CHANNELS", "Layout", "Ledger", "Network", "all_gather", "block_bounds", "reduce_scatter",
+__all__ = ["RING_RULES", "SIDE_CHANNELS", "Layout", "Ledger", "Network", "all_gather", "block_bounds", "reduce_scatter",
            "ring_allreduce"]

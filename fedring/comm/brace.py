@@ -91,23 +91,30 @@ array([1., 1., 1.], dtype=float32)
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
 
 import numpy as np
 from mpi4py import MPI
 
 from fedring.errors import ConfigError
+from fedring.rng import Stream, generator
+from fedring.validate import choice, integer, known_keys, real
 
 from .network import Network
-from .ring import all_gather, chunk_bounds, owned_chunk, reduce_scatter
+from .ring import (
+    RING_RULES,
+    RingRule,
+    all_gather,
+    chunk_bounds,
+    owned_chunk,
+    reduce_scatter,
+)
 
-RING_RULES = ("brace", "signsgd", "rlr")
+SIGN_RULES = ("brace", "signsgd", "rlr")
 BRACE_RULES = ("paper", "symmetric")
 RELAY_ATTACKS = ("none", "bias", "flip")
 SHARE_REDUCE, SHARE_ONLY = "share_reduce", "share_only"
 COMMON_KEYS = ("sign_zero", "check", "relay_attack", "relay_bias", "relay_flip_prob", "relay_clients")
 RULE_KEYS = {"brace": ("lambda", "rule"), "signsgd": (), "rlr": ("theta",)}
-STREAM_FLIP = 0xF11B
 
 
 def paper_bytes(n: int, d: int, m: int = 32) -> float:
@@ -207,30 +214,7 @@ class Packing:
         return out
 
 
-def _int(key: str, value, lo: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        if isinstance(value, Real) and not isinstance(value, bool) and float(value).is_integer():
-            value = int(value)
-        else:
-            raise ConfigError(key, f"must be an integer, got {value!r}")
-    if lo is not None and value < lo:
-        raise ConfigError(key, f"must be >= {lo}, got {value}")
-    return int(value)
-
-
-def _real(key: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        raise ConfigError(key, f"must be a finite number, got {value!r}")
-    return float(value)
-
-
-def _choice(key: str, value, allowed: tuple) -> object:
-    if value not in allowed:
-        raise ConfigError(key, f"{value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
-    return value
-
-
-class SignVote:
+class SignVote(RingRule):
     """Sign voting over the logical ring: BRACE, signSGD or RLR (one implementation of the phases).
 
     Consensus maps (phase III) on the vote counts ``S = sum_i sign(g_i)``:
@@ -266,7 +250,7 @@ class SignVote:
           :meth:`set_byzantine` sets them.
     seed : int
         Seeds the flip draws: relay ``i`` in round ``t`` (the ``t``-th call) draws from
-        ``default_rng([seed, i, t, 0xF11B])``.
+        :func:`fedring.rng.generator` (stream ``RELAY_FLIP``, client ``i``, step ``t``).
 
     Notes
     -----
@@ -289,38 +273,35 @@ class SignVote:
     """
 
     def __init__(self, rule: str, n_clients: int, params: dict | None = None, *, seed: int = 0):
-        _choice("aggregator", rule, RING_RULES)
+        choice("aggregator", rule, SIGN_RULES)
         params = dict(params or {})
-        allowed = RULE_KEYS[rule] + COMMON_KEYS
-        for key in params:
-            if key not in allowed:
-                raise ConfigError(f"{rule}.{key}", f"unknown setting; allowed for {rule}: {', '.join(allowed)}")
-        self.rule, self.n_clients, self.seed = rule, _int("clients", n_clients, lo=1), seed
+        known_keys(rule, f"ring rule {rule}", params, RULE_KEYS[rule] + COMMON_KEYS)
+        self.rule, self.n_clients, self.seed = rule, integer("clients", n_clients, lo=1), seed
 
         def get(key, default):
             return params.get(key, default), f"{rule}.{key}"
 
         value, key = get("lambda", 5)
-        self.lam = _real(key, value)
+        self.lam = real(key, value)
         value, key = get("rule", "paper")
-        self.brace_rule = _choice(key, value, BRACE_RULES)
+        self.brace_rule = choice(key, value, BRACE_RULES)
         if self.brace_rule == "symmetric" and self.lam < 0:
             raise ConfigError(f"{rule}.lambda", f"the symmetric rule needs lambda >= 0, got {self.lam:g}")
         theta, key = get("theta", None)
-        self.theta = math.ceil(0.2 * n_clients) if theta is None else _int(key, theta, lo=0)
+        self.theta = math.ceil(0.2 * n_clients) if theta is None else integer(key, theta, lo=0)
         value, key = get("sign_zero", 0)
-        self.sign_zero = _choice(key, _int(key, value), (0, 1, -1))
+        self.sign_zero = choice(key, integer(key, value), (0, 1, -1))
         value, key = get("check", "off")
         value = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
-        self.check = _choice(key, value, ("off", "on")) == "on"
+        self.check = choice(key, value, ("off", "on")) == "on"
         value, key = get("relay_attack", "none")
-        self.relay_attack = _choice(key, value, RELAY_ATTACKS)
+        self.relay_attack = choice(key, value, RELAY_ATTACKS)
         value, key = get("relay_bias", 1)
-        self.relay_bias = _int(key, value)
+        self.relay_bias = integer(key, value)
         if self.relay_bias == 0:
             raise ConfigError(key, "must be a nonzero integer")
         value, key = get("relay_flip_prob", 1.0)
-        self.flip_prob = _real(key, value)
+        self.flip_prob = real(key, value)
         if not 0.0 <= self.flip_prob <= 1.0:
             raise ConfigError(key, f"must be a probability in [0, 1], got {value!r}")
         self.set_byzantine(params.get("relay_clients", []))
@@ -492,7 +473,7 @@ class SignVote:
         """Phase IV with Byzantine relays flipping the signs they forward (the first on each path)."""
         lay, n = net.layout, net.n_clients
         b, pb = packing.bounds, packing.byte_bounds
-        rngs = {i: np.random.default_rng([self.seed, i, self.round, STREAM_FLIP]) for i in local_byz}
+        rngs = {i: generator(self.seed, Stream.RELAY_FLIP, client=i, step=self.round) for i in local_byz}
         for s in range(n - 1):
             for i in local_byz:
                 # i forwards chunk c, owned by i - s; it is the first Byzantine relay on the
@@ -536,3 +517,30 @@ class SignVote:
         if not self.check:
             return {}
         return {"brace/detections": self._stats[: self.n_clients].copy()}
+
+
+@RING_RULES.register
+class Brace(SignVote):
+    """BRACE (the paper's eq. (1)-(4)): settings ``lambda``, ``rule`` and those of every sign rule."""
+
+    name = "brace"
+    params = RULE_KEYS["brace"] + COMMON_KEYS
+
+    def __init__(self, n_clients: int, *, seed: int = 0, **params):
+        super().__init__(self.name, n_clients, params, seed=seed)
+
+
+@RING_RULES.register
+class SignSGD(Brace):
+    """signSGD with majority vote over the ring: ``sign(S)``, 0 on ties."""
+
+    name = "signsgd"
+    params = RULE_KEYS["signsgd"] + COMMON_KEYS
+
+
+@RING_RULES.register
+class RLR(Brace):
+    """Sign-aggregated robust learning rate over the ring: setting ``theta`` and those of every sign rule."""
+
+    name = "rlr"
+    params = RULE_KEYS["rlr"] + COMMON_KEYS

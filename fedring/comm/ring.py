@@ -20,7 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.registry import Registry
+
 from .network import Network, block_bounds
+
+#: the rules that aggregate over the ring (``--topology ring --aggregator NAME``)
+RING_RULES = Registry("ring rule")
 
 chunk_bounds = block_bounds
 
@@ -76,3 +81,54 @@ def ring_allreduce(net: Network, rows: np.ndarray) -> np.ndarray:
     reduce_scatter(net, rows, bounds, check=False)
     all_gather(net, rows, bounds, check=False)
     return rows
+
+
+class RingRule:
+    """Base of the ring rules: ``rule(net, grads)`` returns the ``(d,)`` update every replica applies.
+
+    ``grads`` holds the ``(n_local, d)`` rows of this rank's clients (their gradients after
+    any attack). ``round`` is set by the caller before each call (rules that draw per round
+    key their draws by it); ``centralized`` computes the same update from all ``(n, d)`` rows
+    at once (what aggregator-aware attacks optimise against); ``round_metrics`` and
+    ``round_rows`` report figures of the last round for the results file.
+    """
+
+    name = ""
+    params: tuple[str, ...] = ()
+    round = 0
+
+    def set_byzantine(self, clients) -> None:
+        """The Byzantine clients, for rules whose relays can misbehave."""
+
+    def centralized(self, G: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def round_metrics(self) -> dict:
+        return {}
+
+    def round_rows(self) -> dict:
+        return {}
+
+
+@RING_RULES.register
+class RingAllReduce(RingRule):
+    """Plain ring-all-reduce (RAR): the mean of the clients' rows, no defence.
+
+    >>> from mpi4py import MPI
+    >>> from fedring.comm import Layout
+    >>> rows = np.array([[5, 2, -10], [8, -4, 7], [9, 3, 8]], np.float32)
+    >>> RingAllReduce(3)(Network(Layout(3, MPI.COMM_SELF)), rows.copy())
+    array([7.3333335 , 0.33333334, 1.6666666 ], dtype=float32)
+    """
+
+    name = "mean"
+
+    def __init__(self, n_clients: int):
+        self.n_clients = n_clients
+
+    def __call__(self, net: Network, grads: np.ndarray) -> np.ndarray:
+        ring_allreduce(net, grads)
+        return grads[0] / np.float32(self.n_clients)
+
+    def centralized(self, G: np.ndarray) -> np.ndarray:
+        return G.mean(axis=0)

@@ -15,6 +15,7 @@ import numpy as np
 
 from fedring.comm import block_bounds
 from fedring.errors import ConfigError
+from fedring.rng import Stream, generator
 
 DEFAULT_FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FMNIST_FILES = {
@@ -137,7 +138,7 @@ def partition_dirichlet(
 
 def partition(labels: np.ndarray, n_clients: int, kind: str, noniid: float, seed: int) -> list[np.ndarray]:
     """Sample indices per client; the same on every rank for the same seed."""
-    rng = np.random.default_rng([seed, 0x9A27])
+    rng = generator(seed, Stream.PARTITION)
     if kind == "iid":
         return partition_iid(len(labels), n_clients, rng)
     if kind == "fang":
@@ -169,7 +170,7 @@ def synthetic_set(seed: int, n_train: int = 4000, n_test: int = 1000) -> tuple[S
     Generated in full from a seed that does not depend on the run's seed, so every run and
     every rank sees the same data set; it is small enough (16 MB) to build on every rank.
     """
-    rng = np.random.default_rng([2024, 0x5E7])
+    rng = generator(2024, Stream.SYNTHETIC)
     protos = (rng.random((NUM_CLASSES, 1, 28, 28)) < 0.5).astype(np.float32)
 
     def draw(n):
@@ -195,7 +196,7 @@ class FederatedData:
         self.server = None  # the server's small clean set (FLTrust, Zeno++), when asked for
 
         def server_rows(n_train: int) -> np.ndarray:
-            return np.sort(np.random.default_rng([seed, 0x5E4]).permutation(n_train)[:server_samples])
+            return np.sort(generator(seed, Stream.SERVER_DATA).permutation(n_train)[:server_samples])
 
         if dataset == "synthetic":
             train, test = synthetic_set(seed)

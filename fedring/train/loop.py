@@ -91,8 +91,8 @@ def train(tr: Trainer, watchdog: Watchdog) -> int:
         rnd = t + 1
         client_bytes, server_bytes = tr.net.gather_ledger()
         nonfinite = tr.net.collect(tr.nonfinite)
-        extra_metrics = tr.topology.signvote.round_metrics() if tr.topology.signvote else {}
-        rows = tr.topology.signvote.round_rows() if tr.topology.signvote else {}
+        extra_metrics = tr.topology.round_metrics()
+        rows = tr.topology.round_rows()
         rows.update({f"brace/{name}": value for name, value in extra_metrics.items()})  # every round
         evaluated = rnd % cfg.eval_every == 0 or rnd == cfg.rounds
         scores = tr.evaluate() if evaluated else {}

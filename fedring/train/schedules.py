@@ -15,17 +15,14 @@ from __future__ import annotations
 import math
 
 from fedring.errors import ConfigError
+from fedring.registry import Registry
+from fedring.validate import real
+
+#: the learning-rate schedules (setting ``lr_schedule``; parameters in the section named after it)
+SCHEDULES = Registry("lr_schedule")
 
 
-def _number(key: str, value, *, low: float, low_open: bool = False, high: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(key, f"must be a finite number, got {value!r}")
-    if value < low or (low_open and value == low) or (high is not None and value > high):
-        bound = f"{'>' if low_open else '>='} {low:g}" + ("" if high is None else f" and <= {high:g}")
-        raise ConfigError(key, f"must be {bound}, got {value!r}")
-    return float(value)
-
-
+@SCHEDULES.register
 class Schedule:
     """``factor(t, rounds)``: the multiplier of ``lr`` in round ``t``; 1 for ``constant``."""
 
@@ -36,6 +33,7 @@ class Schedule:
         return 1.0
 
 
+@SCHEDULES.register
 class Step(Schedule):
     """``lr_t = lr * gamma ** #{m in milestones : t >= m * rounds}`` (milestones are fractions of the run).
 
@@ -51,14 +49,15 @@ class Step(Schedule):
         if isinstance(milestones, (int, float)) and not isinstance(milestones, bool):
             milestones = [milestones]
         if not isinstance(milestones, (list, tuple)) or not milestones:
-            raise ConfigError("step.milestones", f"must be a list of fractions of the run in (0, 1), got {milestones!r}")
-        self.milestones = sorted(_number("step.milestones", m, low=0.0, low_open=True, high=1.0) for m in milestones)
-        self.gamma = _number("step.gamma", gamma, low=0.0, low_open=True)
+            raise ConfigError("step.milestones", f"must be a list of fractions of the run in (0, 1], got {milestones!r}")
+        self.milestones = sorted(real("step.milestones", m, lo=0, hi=1, lo_open=True) for m in milestones)
+        self.gamma = real("step.gamma", gamma, lo=0, lo_open=True)
 
     def factor(self, t: int, rounds: int) -> float:
         return self.gamma ** sum(t >= m * rounds for m in self.milestones)
 
 
+@SCHEDULES.register
 class InvSqrt(Schedule):
     """``lr_t = lr / sqrt(1 + t / tau)``: halves by round ``3 tau``.
 
@@ -70,12 +69,13 @@ class InvSqrt(Schedule):
     params = ("tau",)
 
     def __init__(self, tau: float = 1.0):
-        self.tau = _number("invsqrt.tau", tau, low=0.0, low_open=True)
+        self.tau = real("invsqrt.tau", tau, lo=0, lo_open=True)
 
     def factor(self, t: int, rounds: int) -> float:
         return 1.0 / math.sqrt(1.0 + t / self.tau)
 
 
+@SCHEDULES.register
 class Cosine(Schedule):
     """``lr_t = lr * (final + (1 - final) (1 + cos(pi t / rounds)) / 2)``: from ``lr`` down to ``final * lr``.
 
@@ -87,21 +87,12 @@ class Cosine(Schedule):
     params = ("final",)
 
     def __init__(self, final: float = 0.0):
-        self.final = _number("cosine.final", final, low=0.0, high=1.0)
+        self.final = real("cosine.final", final, lo=0, hi=1)
 
     def factor(self, t: int, rounds: int) -> float:
         return self.final + (1.0 - self.final) * (1.0 + math.cos(math.pi * t / rounds)) / 2.0
 
 
-SCHEDULES: dict[str, type[Schedule]] = {cls.name: cls for cls in (Schedule, Step, InvSqrt, Cosine)}
-
-
 def make_schedule(name: str, params: dict | None = None) -> Schedule:
     """Schedule ``name`` from its settings section; unknown names or keys raise ConfigError."""
-    if name not in SCHEDULES:
-        raise ConfigError("lr_schedule", f"{name!r} is not allowed; allowed: {', '.join(SCHEDULES)}")
-    cls, params = SCHEDULES[name], dict(params or {})
-    for key in params:
-        if key not in cls.params:
-            raise ConfigError(f"{name}.{key}", f"unknown setting of lr_schedule {name}; allowed: {', '.join(cls.params) or '(none)'}")
-    return cls(**params)
+    return SCHEDULES.build(name, params, key="lr_schedule")

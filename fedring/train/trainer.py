@@ -1,10 +1,9 @@
 """The state of a training run on one rank: its clients' data, the model replica, the topology
 (ring rule or server rule) and the adversary. One round is :func:`fedring.train.loop.train_round`.
 
-Determinism: every random draw of client ``c`` in round ``t`` comes from
-``numpy.random.default_rng([seed, c, t, stream])``, the run-wide draws of round ``t`` (the
-adversary's, the aggregator's) from ``default_rng([seed, stream, t])``, and the model is
-initialised from ``seed``; every ring chunk is summed in ring order. So the same seed gives
+Determinism: every random draw comes from :func:`fedring.rng.generator`, keyed by the seed,
+the client (or the run), the round and the purpose, and the model is initialised from
+``seed``; every ring chunk is summed in ring order. So the same seed gives
 bit-identical results, final model included, on any number of ranks (with the same
 ``threads``), and a resumed run needs no RNG state: only the model, the aggregator's state
 and the round counter are checkpointed.
@@ -19,26 +18,21 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from fedring.aggregators import make_aggregator
+from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS, make_aggregator
 from fedring.attacks import AttackContext, Backdoor, DataAttack, make_attack
-from fedring.comm import Layout, Network, ring_allreduce
-from fedring.comm.brace import RING_RULES, SignVote
+from fedring.comm import Layout, Network
+from fedring.comm.ring import RING_RULES
 from fedring.config import Config, byzantine_count, config_differences, defence_f
 from fedring.errors import ConfigError
 from fedring.results import read_checkpoint
+from fedring.rng import Stream, generator
 from fedring.runtime import on_rank0
 
 from .data import FederatedData, Shard
 from .models import flat_grad_into, flatten, load_flat, make_model
 from .schedules import make_schedule
 
-STREAM_BATCH, STREAM_POISON, STREAM_ATTACK, STREAM_AGGREGATOR = 1, 2, 3, 4
 EVAL_BATCH = 500
-
-
-def client_rng(seed: int, client: int, t: int, stream: int) -> np.random.Generator:
-    """The generator of one client's draws of one kind (``stream``) in round ``t``."""
-    return np.random.default_rng([seed, client, t, stream])
 
 
 def byzantine_clients(cfg: Config) -> np.ndarray:
@@ -46,28 +40,28 @@ def byzantine_clients(cfg: Config) -> np.ndarray:
     count = byzantine_count(cfg)
     if cfg.byzantine_select == "first":
         return np.arange(count)
-    return np.sort(np.random.default_rng([cfg.seed, 0xB12]).choice(cfg.clients, count, replace=False))
+    return np.sort(generator(cfg.seed, Stream.BYZANTINE).choice(cfg.clients, count, replace=False))
 
 
 class Topology:
-    """How the clients' gradients become the update every replica applies."""
+    """How the clients' gradients become the update every replica applies: a ring rule over
+    the logical ring, or a server rule on rank 0."""
 
     def __init__(self, cfg: Config, net: Network, byzantine: np.ndarray, d: int):
         self.cfg, self.net, self.d = cfg, net, d
         n, f = cfg.clients, defence_f(cfg)
-        self.signvote = self.rule = None
+        self.ring = self.rule = None
         self.state: dict[str, np.ndarray] = {}
         self.selected = None
         if cfg.topology == "ring":
-            if cfg.aggregator in RING_RULES:
-                self.signvote = SignVote(cfg.aggregator, n, cfg.section(cfg.aggregator), seed=cfg.seed)
-                self.signvote.set_byzantine(byzantine)
+            self.ring = RING_RULES.build(cfg.aggregator, cfg.section(cfg.aggregator), key="aggregator",
+                                         n_clients=n, seed=cfg.seed)
+            self.ring.set_byzantine(byzantine)
         else:
-            params = {**cfg.section(cfg.aggregator), **{p: cfg.section(p) for p in cfg.pre_aggregators}}
-            if cfg.aggregator == "hplus":  # its base rule takes its own section, e.g. krum.variant
-                base = params.get("base", "median")
-                if cfg.section(base):
-                    params[base] = cfg.section(base)
+            # the rule's section, and the sections of the components it may use (pre-aggregators, H+'s base)
+            params = {**cfg.section(cfg.aggregator),
+                      **{k: v for k, v in cfg.sections.items() if k in PRE_AGGREGATORS or k in AGGREGATORS}}
+            params.pop(cfg.aggregator, None)
             self.rule = make_aggregator(cfg.aggregator, f, params, pre=cfg.pre_aggregators)
             reason = self.rule.check(n)
             if reason is not None:
@@ -81,27 +75,28 @@ class Topology:
 
     def reference_rule(self, X: np.ndarray, reference: np.ndarray | None = None) -> np.ndarray:
         """The rule applied centrally to all rows (what aggregator-aware attacks optimise against)."""
-        if self.signvote is not None:
-            return self.signvote.centralized(X)
-        if self.rule is None:
-            return X.mean(axis=0)
+        if self.ring is not None:
+            return self.ring.centralized(X)
         return self.rule.aggregate(X, state=None, reference=reference, rng=np.random.default_rng(0)).vector
 
     def aggregate(self, grads: np.ndarray, t: int, reference: np.ndarray | None) -> np.ndarray:
-        n = self.net.n_clients
-        if self.signvote is not None:
-            self.signvote.round = t  # its relay attacks draw per round: keeps --resume exact
-            return self.signvote(self.net, grads)
-        if self.rule is None:
-            ring_allreduce(self.net, grads)
-            return grads[0] / np.float32(n)
+        if self.ring is not None:
+            self.ring.round = t  # relay attacks draw per round: keeps --resume exact
+            return self.ring(self.net, grads)
         stacked = self.net.gather_to_server(grads, "uplink")
         vec = None
         if stacked is not None:
-            rng = np.random.default_rng([self.cfg.seed, STREAM_AGGREGATOR, t])
+            rng = generator(self.cfg.seed, Stream.AGGREGATOR, step=t)
             result = self.rule.aggregate(stacked, state=self.state, reference=reference, rng=rng)
             vec, self.selected = result.vector, result.selected
         return self.net.broadcast_from_server(vec, "downlink", (self.d,), np.float32)
+
+    def round_metrics(self) -> dict:
+        """The ring rule's figures of the last round (BRACE's formula bytes, ± fractions ...)."""
+        return self.ring.round_metrics() if self.ring is not None else {}
+
+    def round_rows(self) -> dict:
+        return self.ring.round_rows() if self.ring is not None else {}
 
 
 class Adversary:
@@ -136,14 +131,14 @@ class Adversary:
         local = [k for k, c in enumerate(lay.local_clients) if self.is_byzantine[c]]
         if self.attack.knowledge == "own":
             for k in local:
-                rng = client_rng(self.cfg.seed, lay.lo + k, t, STREAM_ATTACK)
+                rng = generator(self.cfg.seed, Stream.ATTACK, client=lay.lo + k, step=t)
                 grads[k] = self.attack(grads[k : k + 1], None, self.context(rng, t))[0]
             return
         everyone = self.net.gather_to_server(grads, "adversary")
         crafted = None
         if everyone is not None:
             honest = everyone[~self.is_byzantine] if self.attack.knowledge == "omniscient" else None
-            rng = np.random.default_rng([self.cfg.seed, STREAM_ATTACK, t])
+            rng = generator(self.cfg.seed, Stream.ATTACK, step=t)
             crafted = self.attack(everyone[self.byzantine], honest, self.context(rng, t, reference))
         mine = self.net.scatter_from_server(crafted, self.byzantine, "adversary", grads.shape[1:], grads.dtype)
         grads[local] = mine
@@ -217,6 +212,12 @@ class Trainer:
         self.start_round = int(ckpt["round"])
         self.resumed = ckpt
 
+    def run(self, watchdog) -> int:
+        """The whole run (:func:`fedring.train.loop.train`); the task's job interface."""
+        from .loop import train
+
+        return train(self, watchdog)
+
     def checkpoint_arrays(self) -> dict[str, np.ndarray]:
         return {"w": self.w, **{f"state_{k}": v for k, v in self.topology.state.items()}}
 
@@ -243,8 +244,8 @@ class Trainer:
         client under a data attack trains on poisoned batches, and scales its result.
         """
         client = self.layout.lo + k
-        rng = client_rng(self.cfg.seed, client, t, STREAM_BATCH)
-        poison_rng = client_rng(self.cfg.seed, client, t, STREAM_POISON)
+        rng = generator(self.cfg.seed, Stream.BATCH, client=client, step=t)
+        poison_rng = generator(self.cfg.seed, Stream.POISON, client=client, step=t)
         shard = self.data.shards[k]
         lr = self.lr_at(t)
         poisons = self.adversary.poisons(client)

@@ -1,0 +1,121 @@
+"""The ``train`` task: federated training, configured by the top-level settings (``docs/cli.md``).
+
+Validation here imports no torch; :meth:`TrainTask.prepare` builds the :class:`Trainer`
+(data, model, topology, adversary) on every rank.
+"""
+
+from __future__ import annotations
+
+from fedring import validate as check
+from fedring.config import Config, byzantine_count
+from fedring.errors import ConfigError
+from fedring.tasks import TASKS, Task
+
+TOPOLOGIES = ("ring", "server")
+DATASETS = ("fashion-mnist", "synthetic")
+PARTITIONS = ("iid", "fang", "dirichlet")
+
+
+def aggregator_names(topology: str) -> list[str]:
+    """The rules that run on ``topology``."""
+    from fedring.aggregators import AGGREGATORS
+    from fedring.comm import RING_RULES
+
+    return list(RING_RULES if topology == "ring" else AGGREGATORS)
+
+
+def check_aggregator(cfg: Config) -> None:
+    """The rule exists and runs on the topology; a near miss or a rule of the other topology gets a hint."""
+    here = aggregator_names(cfg.topology)
+    if cfg.aggregator in here:
+        return
+    other = "server" if cfg.topology == "ring" else "ring"
+    there = aggregator_names(other)
+    move = f"a {other} rule: add --topology {other}"
+    if cfg.aggregator in there:
+        raise ConfigError("aggregator", f"{cfg.aggregator!r} is {move}; allowed on the {cfg.topology}: {', '.join(here)}")
+    close = check.closest(cfg.aggregator, [*here, *there])
+    hint = "" if close is None else f"did you mean {close!r}{'' if close in here else f' ({move})'}? "
+    raise ConfigError("aggregator", f"unknown aggregator {cfg.aggregator!r}; {hint}allowed on the {cfg.topology}: "
+                                    f"{', '.join(here)}")
+
+
+def check_components(cfg: Config) -> None:
+    """Components exist and fit the topology (their parameters are checked when they are built)."""
+    from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS
+    from fedring.attacks import ATTACKS
+    from fedring.comm import RING_RULES
+
+    from .schedules import SCHEDULES, make_schedule
+
+    check_aggregator(cfg)
+    for name in cfg.pre_aggregators:
+        PRE_AGGREGATORS.get(name, "pre_aggregators")
+        if cfg.topology != "server":
+            raise ConfigError("pre_aggregators", f"{name!r} runs in front of a server rule: add --topology server")
+    if cfg.attack != "none":
+        ATTACKS.get(cfg.attack, "attack", hint="or none; ")
+        if byzantine_count(cfg) == 0:
+            raise ConfigError("byzantine", f"--attack {cfg.attack} needs Byzantine clients: set --byzantine")
+    make_schedule(cfg.lr_schedule, cfg.section(cfg.lr_schedule))
+    known = sorted({*AGGREGATORS, *PRE_AGGREGATORS, *RING_RULES, *(s for s in SCHEDULES if s != "constant"), "attack"})
+    for section in cfg.sections:
+        if section not in known:
+            raise ConfigError(section, f"unknown settings section; {check.suggestion(section, known)}"
+                                       f"allowed: {', '.join(known)}")
+
+
+@TASKS.register
+class TrainTask(Task):
+    """Federated training over the ring or with a server (:mod:`fedring.train`)."""
+
+    name = "train"
+
+    @staticmethod
+    def validate(cfg: Config, world_size: int) -> None:
+        check.choice("topology", cfg.topology, TOPOLOGIES)
+        check.choice("dataset", cfg.dataset, DATASETS)
+        check.choice("partition", cfg.partition, PARTITIONS)
+        if cfg.clients is None:
+            cfg.clients = world_size
+        check.integer("clients", cfg.clients, lo=1)
+        if cfg.clients < world_size:
+            raise ConfigError("clients", f"{cfg.clients} clients on {world_size} MPI ranks: need clients >= ranks (K >= N)")
+        for key in ("rounds", "batch_size", "local_steps", "eval_every", "checkpoint_every", "server_samples"):
+            check.integer(key, getattr(cfg, key), lo=1)
+        check.choice("byzantine_select", cfg.byzantine_select, ("random", "first"))
+        if cfg.byzantine < 0 or (cfg.byzantine >= 1 and not float(cfg.byzantine).is_integer()):
+            raise ConfigError("byzantine", f"a fraction in [0, 1) or a whole count of clients, got {cfg.byzantine}")
+        if byzantine_count(cfg) >= cfg.clients:
+            raise ConfigError("byzantine", f"{byzantine_count(cfg)} Byzantine of {cfg.clients} clients leaves no honest client")
+        if cfg.declared_f is not None:
+            check.integer("declared_f", cfg.declared_f, lo=0, hi=cfg.clients - 1)
+        check.real("lr", cfg.lr, lo=0, lo_open=True)
+        if cfg.partition == "fang":
+            check.real("noniid", cfg.noniid, lo=0, hi=1)
+        if cfg.partition == "dirichlet" and not cfg.noniid > 0:
+            raise ConfigError("noniid", f"Dirichlet alpha must be > 0, got {cfg.noniid}")
+        check_components(cfg)
+
+    @staticmethod
+    def default_out(cfg: Config) -> str:
+        attack = "" if cfg.attack == "none" else f"-{cfg.attack}"
+        return f"results/{cfg.topology}-{cfg.aggregator}{attack}-{cfg.dataset}-n{cfg.clients}-seed{cfg.seed}.h5"
+
+    @staticmethod
+    def banner(cfg: Config, world_size: int) -> str:
+        b = byzantine_count(cfg)
+        rule = cfg.aggregator + (f" ({cfg.section('brace').get('rule', 'paper')} rule)" if cfg.aggregator == "brace" else "")
+        if cfg.pre_aggregators:
+            rule = "+".join([*cfg.pre_aggregators, rule])
+        attack = f", {b} Byzantine ({100 * b / cfg.clients:.0f} %) {'attacking: ' + cfg.attack if cfg.attack != 'none' else 'behaving honestly'}" if b else ", no Byzantine clients"
+        schedule = "" if cfg.lr_schedule == "constant" else f" ({cfg.lr_schedule} schedule)"
+        return (f"fedring: train: {cfg.topology} topology, {rule}; {cfg.clients} clients on {world_size} rank"
+                f"{'s' if world_size > 1 else ''}{attack}; {cfg.dataset}, {cfg.rounds} rounds, lr {cfg.lr:g}{schedule}, "
+                f"seed {cfg.seed} -> {cfg.out}")
+
+    @staticmethod
+    def prepare(cfg: Config, comm):
+        from .trainer import Trainer  # torch is imported only now
+
+        return Trainer(cfg, comm)
