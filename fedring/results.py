@@ -28,6 +28,7 @@ open without ``h5clear``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
 from pathlib import Path
@@ -36,7 +37,7 @@ import h5py
 import numpy as np
 
 from . import __version__
-from .errors import ResultsError
+from .errors import ConfigError, ResultsError
 
 #: free space kept in the file system beyond each write, for the final status
 RESERVE = 1 << 20
@@ -51,6 +52,32 @@ def read_checkpoint(h5: h5py.File) -> tuple[dict[str, np.ndarray], dict] | None:
         return None
     slot = root[root.attrs["current"]]
     return {name: ds[()] for name, ds in slot.items()}, {k: v.item() for k, v in slot.attrs.items()}
+
+
+def resume_point(cfg) -> tuple[dict[str, np.ndarray], dict]:
+    """The checkpoint ``--resume`` of run ``cfg`` continues from: (arrays, attrs).
+
+    Raises ConfigError (the agreed exit 2, nothing written) unless ``cfg.out`` is a readable
+    fedring results file of the same settings that is not complete and has a checkpoint.
+    """
+    from .config import config_differences
+
+    try:
+        with h5py.File(cfg.out, "r") as f:
+            diff = config_differences(json.loads(f.attrs["config"]), json.loads(cfg.to_json()))
+            if diff:
+                raise ConfigError("resume", f"{cfg.out} was written with other settings: {'; '.join(diff)}")
+            if f.attrs["status"] == "complete":
+                raise ConfigError("resume", f"{cfg.out} is already complete: nothing to resume")
+            found = read_checkpoint(f)
+    except ConfigError:
+        raise
+    except (OSError, KeyError, ValueError) as e:
+        raise ConfigError("resume", f"{cfg.out} is not a readable fedring results file ({type(e).__name__}: {e}); "
+                          "it is left as it is: remove it, or start afresh with --overwrite") from None
+    if found is None:
+        raise ConfigError("resume", f"{cfg.out} has no checkpoint: start it again with --overwrite")
+    return found
 
 
 class ResultsFile:
@@ -82,6 +109,13 @@ class ResultsFile:
         self.h5.attrs["status"] = "running"
         self.h5.flush()
         return self
+
+    @classmethod
+    def create(cls, cfg, world_size: int, attrs: dict | None = None) -> "ResultsFile":
+        """A new results file for run ``cfg`` (a :class:`fedring.config.Config`), with the root
+        attributes every task writes (``config``, ``task``, ``world_size``) and ``attrs``."""
+        root = {"config": cfg.to_json(), "task": cfg.task, "world_size": world_size, **(attrs or {})}
+        return cls(cfg.out, root, overwrite=cfg.overwrite)
 
     def __init__(self, path: str, attrs: dict, overwrite: bool = False):
         self.path = Path(path)

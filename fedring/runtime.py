@@ -204,3 +204,28 @@ class Watchdog:
         finally:
             self._running = False
             self.on_abort.clear()
+
+
+class Progress:
+    """Rank 0's progress lines: ``round  50/300  <what>  elapsed 1m02s  ETA 5m10s``."""
+
+    def __init__(self, unit: str, total: int, quiet: bool, already: float = 0.0, first: int = 0):
+        self.unit, self.total, self.quiet = unit, total, quiet
+        self.start = time.perf_counter() - already
+        self.first, self.first_time = first, time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def line(self, done: int, what: str) -> None:
+        if self.quiet:
+            return
+        per_step = (time.perf_counter() - self.first_time) / max(done - self.first, 1)
+        print(f"{self.unit} {done:>{len(str(self.total))}}/{self.total}  {what}  elapsed {_hms(self.elapsed())}  "
+              f"ETA {_hms(per_step * (self.total - done))}", flush=True)
+
+
+def _hms(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"

@@ -102,6 +102,10 @@ class Ledger:
                 total += counts
         return total
 
+    def phase_bytes(self, phase: str) -> np.ndarray:
+        """Bytes per client sent in one phase (zeros if nothing was)."""
+        return self.clients[phase].copy() if phase in self.clients else np.zeros(self.n_clients, np.int64)
+
     def server_bytes(self) -> int:
         return int(sum(v for k, v in self.server.items() if k not in SIDE_CHANNELS))
 
@@ -222,21 +226,29 @@ class Network:
             deliver(chunk(j - first, chunk_of(i)), payload)
             self.ledger.add(i, phase, payload.nbytes)
 
-    def gather_to_server(self, local: np.ndarray, phase: str) -> np.ndarray | None:
-        """Every client sends its row to the server (rank 0); returns ``(n, ...)`` there, else None."""
+    def gather_to_server(self, local: np.ndarray, phase: str, clients: np.ndarray | None = None) -> np.ndarray | None:
+        """Every client, or each client in the sorted ids ``clients``, sends its row to the server
+        (rank 0): ``local`` holds this rank's rows of those clients, in client order. Returns
+        ``(m, ...)`` on rank 0 in client order, None elsewhere."""
         lay = self.layout
         local = np.ascontiguousarray(local)
-        self.check_rows(local)
-        for k, client in enumerate(lay.local_clients):
-            self.ledger.add(client, phase, local[k].nbytes)
+        if clients is None:
+            mine, counts = np.arange(lay.lo, lay.hi), np.diff(lay.bounds)
+        else:
+            seg = np.searchsorted(clients, lay.bounds)
+            mine, counts = clients[seg[lay.rank] : seg[lay.rank + 1]], np.diff(seg)
+        self.check_rows(local, count=len(mine))
+        for k, client in enumerate(mine):
+            self.ledger.add(int(client), phase, local[k].nbytes)
         if lay.rank != 0:
-            self.comm.Send(local, dest=0)
+            if len(mine):
+                self.comm.Send(local, dest=0)
             return None
-        out = np.empty((self.n_clients, *local.shape[1:]), local.dtype)
-        out[lay.lo : lay.hi] = local
-        requests = [
-            self.comm.Irecv(out[lay.bounds[r] : lay.bounds[r + 1]], source=r) for r in range(1, lay.size)
-        ]
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        out = np.empty((int(offsets[-1]), *local.shape[1:]), local.dtype)
+        out[: len(mine)] = local
+        requests = [self.comm.Irecv(out[offsets[r] : offsets[r + 1]], source=r)
+                    for r in range(1, lay.size) if counts[r]]
         MPI.Request.Waitall(requests)
         return out
 
@@ -287,15 +299,17 @@ class Network:
             self.comm.Recv(out, source=0)
         return out
 
-    def collect(self, per_client: np.ndarray) -> np.ndarray | None:
-        """A measurement, not a message: ``(n, ...)`` on rank 0 from every rank's ``(n, ...)``
-        array that holds its own clients' entries and zeros elsewhere (exact: each client's
-        entry comes from one rank). Never counted in the ledger."""
-        per_client = np.ascontiguousarray(per_client)
-        total = np.zeros_like(per_client) if self.layout.rank == 0 else None
-        self.comm.Reduce(per_client, total, op=MPI.SUM, root=0)
+    def sum_to_server(self, values: np.ndarray) -> np.ndarray | None:
+        """A measurement, not a message: the sum over ranks of ``values`` on rank 0 (None elsewhere).
+
+        With per-client arrays in which each rank fills its own clients' entries and leaves
+        zeros elsewhere, the sum is exact: every entry comes from one rank. Never counted in
+        the ledger."""
+        values = np.ascontiguousarray(values)
+        total = np.zeros_like(values) if self.layout.rank == 0 else None
+        self.comm.Reduce(values, total, op=MPI.SUM, root=0)
         return total
 
     def gather_ledger(self) -> tuple[np.ndarray, int]:
         """Per-client protocol bytes of all clients and the server's bytes, on rank 0."""
-        return self.collect(self.ledger.client_bytes()), self.ledger.server_bytes()
+        return self.sum_to_server(self.ledger.client_bytes()), self.ledger.server_bytes()

@@ -8,13 +8,12 @@ signal ends the run after the current round with a checkpoint (exit code 75).
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
 
 from fedring.aggregators import nonfinite_rows
 from fedring.results import ResultsFile
-from fedring.runtime import EXIT_PREEMPTED, Watchdog
+from fedring.runtime import EXIT_PREEMPTED, Progress, Watchdog
 
 from .trainer import Trainer
 
@@ -35,42 +34,11 @@ def train_round(tr: Trainer, t: int) -> None:
     tr.apply(update, t)
 
 
-class Progress:
-    def __init__(self, total: int, quiet: bool, already: float = 0.0, first_round: int = 0):
-        self.total, self.quiet = total, quiet
-        self.start = time.perf_counter() - already
-        self.first_round, self.first_time = first_round, time.perf_counter()
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
-
-    def line(self, rnd: int, acc: float, total_bytes: int) -> None:
-        if self.quiet:
-            return
-        per_round = (time.perf_counter() - self.first_time) / max(rnd - self.first_round, 1)
-        print(
-            f"round {rnd:>{len(str(self.total))}}/{self.total}  test_acc {acc:.4f}  "
-            f"bytes_sent {total_bytes / 1e6:,.1f} MB  elapsed {_hms(self.elapsed())}  "
-            f"ETA {_hms(per_round * (self.total - rnd))}",
-            flush=True,
-        )
-
-
-def _hms(seconds: float) -> str:
-    m, s = divmod(int(round(seconds)), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
-
-
 def open_results(tr: Trainer) -> ResultsFile:
     cfg = tr.cfg
     if cfg.resume:
         return ResultsFile.reopen(cfg.out, tr.start_round)
-    results = ResultsFile(
-        cfg.out,
-        {"config": cfg.to_json(), "world_size": tr.comm.size, "n_clients": cfg.clients, "n_parameters": tr.d},
-        overwrite=cfg.overwrite,
-    )
+    results = ResultsFile.create(cfg, tr.comm.size, {"n_clients": cfg.clients, "n_parameters": tr.d})
     results.write("byzantine/clients", tr.byzantine)
     # round 0 checkpoint: a run that dies before its first checkpoint still resumes
     results.write_checkpoint(tr.checkpoint_arrays(), {"round": 0, "bytes_sent_total": 0, "wall_seconds": 0.0})
@@ -84,13 +52,13 @@ def train(tr: Trainer, watchdog: Watchdog) -> int:
     if rank0:
         results.h5.attrs["world_size"] = comm.size
         watchdog.on_abort.append(results.close)
-    progress = Progress(cfg.rounds, cfg.quiet or not rank0, tr.resumed.get("wall_seconds", 0.0), tr.start_round)
+    progress = Progress("round", cfg.rounds, cfg.quiet or not rank0, tr.resumed.get("wall_seconds", 0.0), tr.start_round)
     total_bytes = int(tr.resumed.get("bytes_sent_total", 0))
     for t in range(tr.start_round, cfg.rounds):
         train_round(tr, t)
         rnd = t + 1
         client_bytes, server_bytes = tr.net.gather_ledger()
-        nonfinite = tr.net.collect(tr.nonfinite)
+        nonfinite = tr.net.sum_to_server(tr.nonfinite)
         extra_metrics = tr.topology.round_metrics()
         rows = tr.topology.round_rows()
         rows.update({f"brace/{name}": value for name, value in extra_metrics.items()})  # every round
@@ -113,7 +81,7 @@ def train(tr: Trainer, watchdog: Watchdog) -> int:
                 }
             results.append_round(metrics, rows, rounds_completed=rnd)
             if evaluated:
-                progress.line(rnd, scores["test_accuracy"], total_bytes)
+                progress.line(rnd, f"test_acc {scores['test_accuracy']:.4f}  bytes_sent {total_bytes / 1e6:,.1f} MB")
         stopping = watchdog.stop_requested() and rnd < cfg.rounds
         if rank0 and (rnd % cfg.checkpoint_every == 0 or stopping):
             results.write_checkpoint(

@@ -11,8 +11,6 @@ and the round counter are checkpointed.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -22,9 +20,9 @@ from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS, make_aggregator
 from fedring.attacks import AttackContext, Backdoor, DataAttack, make_attack
 from fedring.comm import Layout, Network
 from fedring.comm.ring import RING_RULES
-from fedring.config import Config, byzantine_count, config_differences, defence_f
+from fedring.config import Config, byzantine_count, defence_f
 from fedring.errors import ConfigError
-from fedring.results import read_checkpoint
+from fedring.results import resume_point
 from fedring.rng import Stream, generator
 from fedring.runtime import on_rank0
 
@@ -145,30 +143,9 @@ class Adversary:
 
 
 def stored_checkpoint(cfg: Config) -> dict:
-    """The checkpoint ``--resume`` continues from: ``w``, the aggregator ``state`` and counters.
-
-    Raises ConfigError (the agreed exit 2, nothing written) unless ``cfg.out`` is a readable
-    fedring results file of the same settings that is not complete and has a checkpoint.
-    """
-    import h5py
-
-    try:
-        with h5py.File(cfg.out, "r") as f:
-            stored = json.loads(f.attrs["config"])
-            diff = config_differences(stored, json.loads(cfg.to_json()))
-            if diff:
-                raise ConfigError("resume", f"{cfg.out} was written with other settings: {'; '.join(diff)}")
-            if f.attrs["status"] == "complete":
-                raise ConfigError("resume", f"{cfg.out} is already complete: nothing to resume")
-            found = read_checkpoint(f)
-    except ConfigError:
-        raise
-    except (OSError, KeyError, ValueError) as e:
-        raise ConfigError("resume", f"{cfg.out} is not a readable fedring results file ({type(e).__name__}: {e}); "
-                          "it is left as it is: remove it, or start afresh with --overwrite") from None
-    if found is None:
-        raise ConfigError("resume", f"{cfg.out} has no checkpoint: start it again with --overwrite")
-    arrays, attrs = found
+    """The checkpoint ``--resume`` continues from: ``w``, the aggregator ``state`` and counters
+    (the checks are :func:`fedring.results.resume_point`'s)."""
+    arrays, attrs = resume_point(cfg)
     return {"w": arrays["w"], "state": {k[len("state_"):]: np.array(v) for k, v in arrays.items() if k.startswith("state_")},
             **attrs}
 

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from fedring.errors import ConfigError
+from fedring.validate import real
 
 # (n + 1)(1 - alpha) is an integer in exact arithmetic for common pairs such as n = 9,
 # alpha = 0.1; float rounding may put it a hair above, and ceil would then skip a rank.
@@ -30,13 +30,7 @@ _RANK_TOL = 1e-9
 
 def check_alpha(alpha: float, key: str = "alpha") -> float:
     """Return ``alpha`` as a float, or raise ``ConfigError`` unless ``0 < alpha < 1``."""
-    try:
-        a = float(alpha)
-    except (TypeError, ValueError):
-        raise ConfigError(key, f"must be a number in (0, 1), got {alpha!r}") from None
-    if not 0.0 < a < 1.0:
-        raise ConfigError(key, f"must be in (0, 1), got {alpha!r}")
-    return a
+    return real(key, alpha, lo=0, hi=1, lo_open=True, hi_open=True)
 
 
 def conformal_rank(n: int, alpha: float) -> int:
