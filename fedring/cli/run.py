@@ -8,6 +8,7 @@ code 2 before any work starts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 from mpi4py import MPI
@@ -82,6 +83,26 @@ def run_parser() -> ArgumentParser:
     add("--local-steps", dest="local_steps", type=int, metavar="S", help=f"1: FedSGD; k > 1: (w - w_local)/lr after k SGD steps (default {d.local_steps})")
     add("--eval-every", dest="eval_every", type=int, metavar="E", help=f"evaluate (and print a line) every E rounds and at the last (default {d.eval_every})")
     add("--checkpoint-every", dest="checkpoint_every", type=int, metavar="C", help=f"checkpoint into the results file every C rounds (default {d.checkpoint_every})")
+    return p
+
+
+def section_parser(task: str, schema: type, description: str) -> ArgumentParser:
+    """``python -m fedring conformal <task>``: the general options and one option per field of
+    the task's settings dataclass ``schema`` (``--calib-attack`` sets ``<task>.calib_attack``);
+    each field's ``metadata["help"]`` is its help text, shown with its default."""
+    p = ArgumentParser(prog=f"python -m fedring conformal {task}", description=description)
+    general_options(p)
+    for f in dataclasses.fields(schema):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        shown = "none" if default is None else ", ".join(map(str, default)) if isinstance(default, list) else default
+        help_text = f"{f.metadata.get('help', '')} (default {shown})".strip()
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif f.type.startswith("list"):
+            p.add_argument(flag, dest=f.name, nargs="+", type=parse_value, metavar="V", help=help_text)
+        else:
+            p.add_argument(flag, dest=f.name, type=parse_value, metavar=f.name.upper(), help=help_text)
     return p
 
 
