@@ -1,18 +1,51 @@
 """Turn fedring's HDF5 results files into tidy tables, paper-layout tables and plots.
 
-Run from the repository root (needs the ``analysis`` extra: pandas, matplotlib)::
+Needs the ``analysis`` extra (``pip install 'fedring[analysis]'``: pandas, matplotlib); works
+from any directory. ``python -m analysis --help`` lists the commands, ``python -m analysis
+COMMAND --help`` their options::
 
     python -m analysis load            FILES|DIRS... [--out runs.csv] [--all]
     python -m analysis table           FILES|DIRS... [--out PREFIX] [--rows attack] [--cols method]
+                                       [--metric test_error] [--final-window K] [--diff-to COLUMN]
     python -m analysis conformal-table FILES|DIRS... [--out PREFIX]
     python -m analysis plot-accuracy   FILES|DIRS... --out accuracy.png
     python -m analysis plot-bytes      FILES|DIRS... --out bytes.png
+    python -m analysis plot-drift      FILES|DIRS... --out drift.png
     python -m analysis plot-conformal  FILES|DIRS... --out conformal.png
+
+- ``load``: one row per training run and evaluated round (:mod:`analysis.load`).
+- ``table``: the BRACE paper's Table 2 layout, attacks x defences, each run's metric at its
+  last evaluation (or the mean of its last K), mean ± sd (n) over seeds, or the per-seed
+  paired difference to one column (:mod:`analysis.tables`).
+- ``conformal-table``: coverage and interval width / set size of every case of the conformal
+  runs' ``/calibration`` (:mod:`analysis.conformal`).
+- ``plot-accuracy``, ``plot-bytes``, ``plot-drift``, ``plot-conformal``: PNG figures
+  (:mod:`analysis.plots`).
 
 A directory stands for every ``*.h5`` file under it. Files that cannot be read, are being
 written (HDF5 file lock held), or whose run did not complete are skipped and named on
 stderr (``load --all`` keeps incomplete runs, with their ``status``).
+
+This module itself needs neither pandas nor matplotlib.
 """
+
+#: ``python -m analysis COMMAND``: (module, function, what it does in one line)
+COMMANDS = {
+    "load": ("analysis.load", "main", "tidy table of training runs: one row per run and evaluated round (CSV)"),
+    "table": ("analysis.tables", "main_table",
+              "paper-layout table (attacks x defences) of a final metric, mean ± sd (n) over seeds, or paired differences"),
+    "conformal-table": ("analysis.conformal", "main_table",
+                        "coverage and interval width / set size per case of conformal runs (/calibration)"),
+    "plot-accuracy": ("analysis.plots", "main_accuracy", "test accuracy vs round, a line per defence, a panel per attack"),
+    "plot-bytes": ("analysis.plots", "main_bytes", "bytes sent per client and round vs number of clients"),
+    "plot-drift": ("analysis.plots", "main_drift",
+                   "weight mean change and the sign rules' +/-/0 consensus fractions vs round, a line per run"),
+    "plot-conformal": ("analysis.plots", "main_conformal", "coverage (with the 1 - alpha target) and size per conformal case"),
+}
+
+#: the optional dependencies of the commands (``pip install 'fedring[analysis]'``)
+EXTRAS = ("pandas", "matplotlib")
+INSTALL_EXTRA = "pip install 'fedring[analysis]'"
 
 # The BRACE paper's names and order (Table 2): attacks as rows, defences as columns.
 ATTACK_LABELS = {
@@ -35,4 +68,7 @@ AGGREGATOR_LABELS = {
     "rlr": "RLR",
     "brace": "BRACE",
 }
-CONFORMAL_METHOD_LABELS = {"prism": "PRISM-FCP", "robfcp": "Rob-FCP", "fcp": "FCP"}
+#: BRACE with ``brace.rule = symmetric`` (+1 / -1 / 0 around lambda; not the paper's eq. (1))
+BRACE_SYMMETRIC = "BRACE-sym"
+#: the column order of the defences
+METHOD_ORDER = [*AGGREGATOR_LABELS.values(), BRACE_SYMMETRIC]

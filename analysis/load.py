@@ -107,6 +107,23 @@ def load_runs(paths: list[str | Path], include_incomplete: bool = False) -> tupl
     return df, skipped
 
 
+def round_rows(path: str | Path, group: str) -> pd.DataFrame:
+    """The 1-D per-round datasets of ``/<group>`` of one run (``/brace/plus_fraction`` ...), with
+    ``round`` = 1, 2, ...; empty when the file has no such group (or cannot be read)."""
+    f, _ = open_results(Path(path))
+    if f is None:
+        return pd.DataFrame()
+    with f:
+        g = f.get(group)
+        if not isinstance(g, h5py.Group):
+            return pd.DataFrame()
+        cols = {name: ds[:] for name, ds in g.items() if isinstance(ds, h5py.Dataset) and ds.ndim == 1}
+    if not cols:
+        return pd.DataFrame()
+    n = min(map(len, cols.values()))  # a run killed mid-append may leave one dataset a row longer
+    return pd.DataFrame({"round": np.arange(1, n + 1), **{k: v[:n] for k, v in cols.items()}})
+
+
 def report_skipped(skipped: list[tuple[str, str]]) -> None:
     for path, why in skipped:
         print(f"skipped {path}: {why}", file=sys.stderr)

@@ -5,7 +5,13 @@
 - ``plot-bytes``: bytes a client sends per round vs the number of clients, one line per ring
   method (RAR, BRACE, ...) and one for the server architecture, whose server node's traffic
   (dashed) grows with the clients: the bandwidth-optimality picture of the BRACE paper.
-- ``plot-conformal``: coverage (with the 1 - alpha target) and width per method.
+- ``plot-drift``: the sign rules' drift diagnostics, a line per run (labelled by method, and
+  lr schedule when the runs differ in it): ``/metrics/weight_mean_change`` (mean of w_t - w_0)
+  at each evaluation, and the +/-/0 consensus fractions of every round
+  (``/brace/plus_fraction``, ``minus_fraction``, ``zero_fraction``; moving average of
+  ``--smooth`` rounds) for the runs that have them.
+- ``plot-conformal``: coverage (with the 1 - alpha target) and size (interval width or set
+  size) per case of the conformal runs (:mod:`analysis.conformal`).
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from . import AGGREGATOR_LABELS, ATTACK_LABELS  # noqa: E402
-from .load import load_runs, report_skipped  # noqa: E402
-from .tables import _order, apply_where, conformal_columns, load_conformal, method_labels, text  # noqa: E402
+from . import ATTACK_LABELS, METHOD_ORDER  # noqa: E402
+from .conformal import case_columns, load_conformal, size_label  # noqa: E402
+from .load import load_runs, report_skipped, round_rows  # noqa: E402
+from .tables import _order, apply_where, method_labels, text  # noqa: E402
 
 
 def _save(fig, out: str) -> None:
@@ -36,7 +43,7 @@ def _save(fig, out: str) -> None:
 def plot_accuracy(df: pd.DataFrame, out: str) -> None:
     df = df.assign(method=method_labels(df))
     attacks = _order(df["attack"].map(lambda a: ATTACK_LABELS.get(a, a)).unique(), ATTACK_LABELS) if "attack" in df else [None]
-    methods = _order(df["method"].unique(), {v: v for v in AGGREGATOR_LABELS.values()})
+    methods = _order(df["method"].unique(), METHOD_ORDER)
     ncols = min(3, len(attacks))
     nrows = math.ceil(len(attacks) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), sharex=True, sharey=True, squeeze=False)
@@ -71,7 +78,7 @@ def traffic(df: pd.DataFrame) -> pd.DataFrame:
 def plot_bytes(df: pd.DataFrame, out: str) -> None:
     t = traffic(df)
     fig, ax = plt.subplots(figsize=(6, 4))
-    order = _order(t["architecture"].unique(), {v: v for v in [*AGGREGATOR_LABELS.values(), "Server"]})
+    order = _order(t["architecture"].unique(), [*METHOD_ORDER, "Server"])
     for arch in order:
         part = t[t["architecture"] == arch].sort_values("n_clients")
         line, = ax.plot(part["n_clients"], part["bytes_per_client_round"], marker="o",
@@ -93,25 +100,80 @@ def plot_bytes(df: pd.DataFrame, out: str) -> None:
 
 
 def plot_conformal(df: pd.DataFrame, out: str) -> None:
-    columns = conformal_columns(df)
-    labels = [", ".join(text(r[c]) if c == "method" else f"{c}={text(r[c])}" for c in columns if text(r[c]))
+    columns = case_columns(df)
+    labels = [", ".join(text(r[c]) if c in ("label", "method", "run") else f"{c}={text(r[c])}" for c in columns if text(r[c]))
               for _, r in df.iterrows()]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 0.35 * len(df) + 1.5), sharey=True)
     y = range(len(df))
     a.barh(y, 100 * df["coverage"], xerr=100 * df["coverage_sd"], color="tab:blue", alpha=0.8)
-    for alpha in (df["alpha"].unique() if "alpha" in df else []):
+    for alpha in df["alpha"].unique():
         a.axvline(100 * (1 - alpha), color="k", linestyle="--", label=f"target {100 * (1 - alpha):g}%")
     a.set_xlabel("coverage (%)")
     a.set_yticks(list(y), labels)
     a.invert_yaxis()
-    if "alpha" in df:
-        a.legend(loc="lower left")
-    b.barh(y, df["width"], xerr=df["width_sd"], color="tab:orange", alpha=0.8)
-    b.set_xlabel("width (interval width or set size)")
+    a.legend(loc="lower left")
+    b.barh(y, df["size"], xerr=df["size_sd"], color="tab:orange", alpha=0.8)
+    size = size_label(df)
+    b.set_xlabel(size if size != "size" else "size (interval width or set size)")
     for ax in (a, b):
         ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     _save(fig, out)
+
+
+FRACTIONS = {"plus_fraction": ("+1", "-"), "minus_fraction": ("-1", "--"), "zero_fraction": ("0", ":")}
+
+
+def drift_labels(runs: pd.DataFrame) -> pd.Series:
+    """A label per run (one row each): the method, the lr schedule when the runs differ in it,
+    and the run's name when that still leaves two runs alike."""
+    label = method_labels(runs)
+    if "lr_schedule" in runs and runs["lr_schedule"].map(text).nunique() > 1:
+        label = label + ", lr " + runs["lr_schedule"].map(text)
+    alike = label.duplicated(keep=False)
+    return label.where(~alike, label + " [" + runs["run"] + "]")
+
+
+def plot_drift(df: pd.DataFrame, out: str, smooth: int = 0) -> dict[str, str]:
+    """The drift figure of the runs of ``df`` (load_runs rows); returns each run's label."""
+    runs = df.drop_duplicates("run").reset_index(drop=True)
+    labels = dict(zip(runs["run"], drift_labels(runs)))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    with_fractions = 0
+    for i, r in runs.iterrows():
+        color, label = colors[i % len(colors)], labels[r["run"]]
+        part = df[df["run"] == r["run"]].sort_values("round")
+        if "weight_mean_change" in part and part["weight_mean_change"].notna().any():
+            a.plot(part["round"], part["weight_mean_change"], color=color, label=label, marker="." if len(part) < 30 else None)
+        rows = round_rows(r["file"], "brace")
+        if not set(FRACTIONS) & set(rows.columns):
+            continue
+        with_fractions += 1
+        window = smooth or max(1, min(25, len(rows) // 50))
+        for name, (sign, style) in FRACTIONS.items():
+            if name in rows:
+                b.plot(rows["round"], rows[name].rolling(window, min_periods=1).mean(), color=color, linestyle=style,
+                       label=label if name == "plus_fraction" else None)
+    a.set_title("weight mean change (mean of $w_t - w_0$)")
+    a.set_xlabel("round")
+    a.axhline(0, color="k", linewidth=0.5)
+    b.set_title("consensus fractions (+1 solid, -1 dashed, 0 dotted)")
+    b.set_xlabel("round")
+    b.set_ylim(-0.02, 1.02)
+    if not with_fractions:
+        b.text(0.5, 0.5, "no /brace/*_fraction in these runs\n(only the sign rules record them)",
+               ha="center", va="center", transform=b.transAxes)
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    handles, names = a.get_legend_handles_labels()
+    more = [(h, n) for h, n in zip(*b.get_legend_handles_labels()) if n not in names]
+    handles, names = handles + [h for h, _ in more], names + [n for _, n in more]
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    if names:
+        fig.legend(handles, names, loc="lower center", ncol=min(len(names), 4))
+    _save(fig, out)
+    return labels
 
 
 def _parser(prog: str, what: str) -> argparse.ArgumentParser:
@@ -151,8 +213,25 @@ def main_bytes(argv: list[str]) -> int:
     return 0
 
 
+def main_drift(argv: list[str]) -> int:
+    p = _parser("plot-drift", "Weight mean change and the +/-/0 consensus fractions vs round, a line per run.")
+    p.add_argument("--smooth", type=int, default=0, metavar="ROUNDS",
+                   help="moving average of the per-round fractions (default: about 2%% of the rounds, at most 25)")
+    p.add_argument("--all", action="store_true", help="keep runs that did not complete (preempted, failed)")
+    args = p.parse_args(argv)
+    df, skipped = load_runs(args.paths, args.all)
+    report_skipped(skipped)
+    df = apply_where(df, args.where)
+    if df.empty:
+        print("no training runs to plot", file=sys.stderr)
+        return 1
+    for run, label in plot_drift(df, args.out, args.smooth).items():
+        print(f"{label}: {run}")
+    return 0
+
+
 def main_conformal(argv: list[str]) -> int:
-    p = _parser("plot-conformal", "Coverage and width per conformal method.")
+    p = _parser("plot-conformal", "Coverage and interval width / set size per conformal case (/calibration).")
     args = p.parse_args(argv)
     df, skipped = load_conformal(args.paths)
     report_skipped(skipped)

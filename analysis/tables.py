@@ -1,50 +1,58 @@
-"""Paper-layout tables from many runs, as Markdown and CSV.
+"""Paper-layout tables of training runs, as Markdown and CSV: ``python -m analysis table``.
 
-``table``: rows attacks, columns defences (the BRACE paper's Table 2), cells the final test
-error; where the runs measured an attack success rate (backdoor) the cell reads
-``error / success rate``. Runs that differ only by ``seed`` share a cell (mean, and ± the
-standard deviation when there are several); a cell whose runs differ in any other setting
-is an error naming the setting (narrow the runs with ``--where KEY=VALUE``).
+Rows attacks, columns defences (the BRACE paper's Table 2; ``--rows``/``--cols`` for other
+layouts). Each run contributes one number: its ``--metric`` (default ``test_error``;
+``test_accuracy`` or any other ``/metrics`` column) at its last evaluation, or the mean over
+its last K evaluations with ``--final-window K``. Runs that differ only by ``seed`` share a
+cell, shown as ``mean ± sd (n)`` over its n runs (the value alone when n = 1); where the runs
+measured an attack success rate (backdoor) the cell reads ``metric / success rate``. A cell
+whose runs differ in any other setting is an error naming the setting (narrow the runs with
+``--where KEY=VALUE``). BRACE with ``brace.rule = symmetric`` is its own column, ``BRACE-sym``.
 
-``conformal-table``: one row per method (and attack, sharing ratio, target agent) of the
-conformal runs' ``/calibration/`` results, cells coverage (%) and set size or interval
-width, mean ± standard deviation over the trials.
+``--diff-to COLUMN`` (e.g. ``BRACE``): that column keeps its values; every other cell shows
+the difference (cell - COLUMN) paired per seed: within a row, each run is matched with the
+COLUMN run of the same ``seed`` (every other setting is fixed within a cell), and the cell is
+``mean ± sd (n)`` over the n paired differences. Settings in which the paired cells differ
+besides the column itself (a per-defence ``lr``, ``brace.lambda``) are named in the caption.
+
+The CSV carries the same numbers: per column the mean (named by the column, or ``X - COLUMN``
+for differences), ``<name> sd`` and ``<name> n``; attack success rates are extra rows
+``<row> (attack success rate)``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-import h5py
-import numpy as np
 import pandas as pd
 
 from fedring.config import FIELDS, RUN_CONTROL
 
-from . import AGGREGATOR_LABELS, ATTACK_LABELS, CONFORMAL_METHOD_LABELS
-from .load import h5_files, load_runs, open_results, report_skipped
+from . import AGGREGATOR_LABELS, ATTACK_LABELS, BRACE_SYMMETRIC, METHOD_ORDER
+from .load import RUN_COLUMNS, load_runs, report_skipped
 
 SUCCESS = "attack_success_rate"
+#: the settings that make up the ``method`` column's label
+METHOD_KEYS = ("topology", "aggregator", "pre_aggregators", "brace.rule")
 
 
 def text(value) -> str:
     """A table cell: blank for missing, ``%g`` for floats."""
+    if isinstance(value, (list, dict, tuple)):
+        return str(value)
     return "" if pd.isna(value) else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-# ---------------------------------------------------------------------------------------------
-# Training runs
-# ---------------------------------------------------------------------------------------------
-
-
 def method_labels(runs: pd.DataFrame) -> pd.Series:
-    """The paper's defence names (RAR = mean on the ring); a rule on both topologies gets it appended."""
+    """The paper's defence names (RAR = mean on the ring; BRACE-sym = BRACE's symmetric rule);
+    a rule run on both topologies gets the topology appended."""
     agg = runs["aggregator"].astype(str)
     topo = runs["topology"].astype(str) if "topology" in runs else pd.Series("", index=runs.index)
     label = agg.map(lambda a: AGGREGATOR_LABELS.get(a, a)).where(~((agg == "mean") & (topo == "server")), "Mean")
+    if "brace.rule" in runs:
+        label = label.where(~((agg == "brace") & (runs["brace.rule"].map(text) == "symmetric")), BRACE_SYMMETRIC)
     if "pre_aggregators" in runs:
         pre = runs["pre_aggregators"].map(text)
         label = label.where(pre == "", pre.str.replace(",", "+") + "+" + label)
@@ -59,36 +67,57 @@ def config_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in df.columns if (c in FIELDS or "." in c) and c not in RUN_CONTROL]
 
 
-def final_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The last evaluated round of every run."""
-    return df.sort_values("round").groupby("run", sort=False).tail(1).reset_index(drop=True)
+def metric_columns(df: pd.DataFrame) -> list[str]:
+    """Columns that are measurements (``test_accuracy``, ``test_error``, ``metrics/lr`` ...)."""
+    settings = set(config_columns(df)) | set(RUN_COLUMNS) | set(RUN_CONTROL) | {"round"}
+    return [c for c in df.columns if c not in settings and pd.api.types.is_numeric_dtype(df[c])]
+
+
+def metric_column(df: pd.DataFrame, metric: str) -> str:
+    """The column of ``--metric``: a measurement, or ``metrics/<name>`` when a setting has the name (``lr``)."""
+    if metric in metric_columns(df):
+        return metric
+    if f"metrics/{metric}" in df:
+        return f"metrics/{metric}"
+    raise SystemExit(f"--metric {metric!r}: not a metric of these runs; metrics: {', '.join(metric_columns(df))}")
+
+
+def final_rows(df: pd.DataFrame, metric: str = "test_error", window: int = 1) -> pd.DataFrame:
+    """One row per run: its settings, and ``metric`` (and the attack success rate) averaged over
+    its last ``window`` evaluations that measured ``metric``; ``first_round``, ``last_round`` and
+    ``evaluations`` say which were used."""
+    df = df.sort_values("round", kind="stable")
+    last = df.groupby("run", sort=False).tail(1).set_index("run")
+    used = df[df[metric].notna()].groupby("run", sort=False).tail(window).groupby("run", sort=False)
+    for column in dict.fromkeys([metric, SUCCESS]):
+        if column in df:
+            last[column] = used[column].mean()
+    last["first_round"], last["last_round"] = used["round"].min(), used["round"].max()
+    last["evaluations"] = used.size()
+    last["evaluations"] = last["evaluations"].fillna(0).astype(int)
+    return last.reset_index()
 
 
 def apply_where(df: pd.DataFrame, where: list[str]) -> pd.DataFrame:
+    """The rows whose column KEY reads VALUE, for every ``KEY=VALUE`` of ``where``."""
     for item in where:
         key, sep, value = item.partition("=")
         if not sep or key not in df:
-            raise SystemExit(f"--where {item!r}: expected KEY=VALUE with KEY a column ({', '.join(config_columns(df))})")
+            raise SystemExit(f"--where {item!r}: expected KEY=VALUE with KEY a column ({', '.join(config_columns(df) or df.columns)})")
         df = df[df[key].map(text) == value]
     return df
 
 
-def _order(values, labels: dict) -> list:
-    known = [labels[k] for k in labels if labels[k] in set(values)]
-    return known + sorted(set(values) - set(known), key=str)
+def _order(values, labels) -> list:
+    """``values`` in the order of ``labels`` (a dict's values or a list), the rest sorted after."""
+    labels = list(labels.values()) if isinstance(labels, dict) else list(labels)
+    present = set(values)
+    known = [v for v in labels if v in present]
+    return known + sorted(present - set(known), key=str)
 
 
-def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", metric: str = "test_error",
-                digits: int = 2) -> tuple[str, pd.DataFrame]:
-    """(Markdown, numeric CSV frame) of ``metric`` at each run's final round, rows x cols."""
-    final = final_rows(df)
-    final["method"] = method_labels(final)
-    if rows == "attack":
-        final["attack"] = final["attack"].map(lambda a: ATTACK_LABELS.get(a, a))
-    for axis in (rows, cols):
-        if axis not in final:
-            raise SystemExit(f"no column {axis!r} in the runs; columns: {', '.join(final.columns)}")
-    fixed = {rows, cols, "seed", "topology", "aggregator", "pre_aggregators"} if cols == "method" else {rows, cols, "seed"}
+def _check_cells(final: pd.DataFrame, rows: str, cols: str, fixed: set) -> None:
+    """Refuse a cell whose runs differ in a setting other than ``fixed``."""
     mixed = {}
     for key, cell in final.groupby([rows, cols]):
         for c in config_columns(final):
@@ -98,43 +127,115 @@ def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", me
         c, (key, values) = next(iter(mixed.items()))
         raise SystemExit(f"the runs of cell {rows}={key[0]!r}, {cols}={key[1]!r} differ in {c} ({', '.join(values)})"
                          f"{' and in ' + ', '.join(list(mixed)[1:]) if len(mixed) > 1 else ''}: choose with --where KEY=VALUE")
-    grouped = final.groupby([rows, cols])
-    mean = grouped[metric].mean().unstack(cols)
-    sd = grouped[metric].std().unstack(cols)
-    count = grouped[metric].count().unstack(cols)
-    has_success = SUCCESS in final and final[SUCCESS].notna().any()
-    success = grouped[SUCCESS].mean().unstack(cols) if has_success else None
-    row_order = _order(mean.index, ATTACK_LABELS if rows == "attack" else {})
-    col_order = _order(mean.columns, {v: v for v in AGGREGATOR_LABELS.values()} if cols == "method" else {})
+
+
+def paired_differences(final: pd.DataFrame, rows: str, cols: str, ref, measures: list[str],
+                       fixed: set) -> tuple[pd.DataFrame, list[str]]:
+    """Per-run values of column ``ref`` and, for every other column, the per-seed differences
+    to ``ref`` in the same row; and the settings in which paired cells differ besides ``cols``."""
+    per_seed = final.groupby([rows, cols, "seed"], sort=False)[measures].mean().reset_index()
+    reference = per_seed[per_seed[cols] == ref].drop(columns=cols)
+    paired = per_seed[per_seed[cols] != ref].merge(reference, on=[rows, "seed"], suffixes=("", " ref"))
+    for m in measures:
+        paired[m] = paired[m] - paired[f"{m} ref"]
+    values = pd.concat([final.loc[final[cols] == ref, [rows, cols, *measures]], paired[[rows, cols, *measures]]])
+    keys = [k for k in config_columns(final) if k not in fixed]
+    settings = final[[rows, cols]].assign(**{k: final[k].map(text) for k in keys}).groupby([rows, cols]).first()
+    differ = set()
+    for r, c in paired[[rows, cols]].drop_duplicates().itertuples(index=False):
+        a, b = settings.loc[(r, c)], settings.loc[(r, ref)]
+        differ |= {k for k in keys if a[k] != b[k]}
+    return values, sorted(differ)
+
+
+def _rounds(final: pd.DataFrame, window: int) -> str:
+    if window == 1:
+        return "round " + ", ".join(str(int(r)) for r in sorted(final["last_round"].dropna().unique()))
+    spans = sorted({(int(a), int(b)) for a, b in zip(final["first_round"], final["last_round"]) if pd.notna(a)})
+    return "rounds " + ", ".join(f"{a}–{b}" if a != b else str(a) for a, b in spans)
+
+
+def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", metric: str = "test_error",
+                digits: int = 2, window: int = 1, diff_to: str | None = None) -> tuple[str, pd.DataFrame]:
+    """(Markdown, numeric CSV frame) of ``metric`` over each run's last ``window`` evaluations,
+    rows x cols; with ``diff_to``, the other columns as per-seed differences to that column."""
+    if window < 1:
+        raise SystemExit(f"--final-window must be at least 1, got {window}")
+    metric = metric_column(df, metric)
+    final = final_rows(df, metric, window)
+    final["method"] = method_labels(final)
+    if rows == "attack":
+        final["attack"] = final["attack"].map(lambda a: ATTACK_LABELS.get(a, a))
+    for axis in (rows, cols):
+        if axis not in final:
+            raise SystemExit(f"no column {axis!r} in the runs; columns: {', '.join(final.columns)}")
+    fixed = {rows, cols, "seed", *METHOD_KEYS} if cols == "method" else {rows, cols, "seed"}
+    _check_cells(final, rows, cols, fixed)
+    has_success = metric != SUCCESS and SUCCESS in final and final[SUCCESS].notna().any()
+    measures = [metric, SUCCESS] if has_success else [metric]
+    row_order = _order(final[rows].unique(), ATTACK_LABELS if rows == "attack" else [])
+    col_order = _order(final[cols].unique(), METHOD_ORDER if cols == "method" else [])
+    ref, differ = None, []
+    values = final[[rows, cols, *measures]]
+    if diff_to is not None:
+        ref = next((c for c in col_order if text(c) == diff_to), None)
+        if ref is None:
+            raise SystemExit(f"--diff-to {diff_to!r}: no such column; columns: {', '.join(map(text, col_order))}")
+        values, differ = paired_differences(final, rows, cols, ref, measures, fixed)
+    grouped = values.groupby([rows, cols])
+    stats = {m: {s: getattr(grouped[m], s)().unstack(cols).reindex(index=row_order, columns=col_order)
+                 for s in ("mean", "std", "count")} for m in measures}
+
+    def number(c, x) -> str:
+        return f"{x:+.{digits}f}" if ref is not None and c != ref else f"{x:.{digits}f}"
 
     def cell(r, c) -> str:
-        if c not in mean.columns or pd.isna(mean.at[r, c]):
+        mean, sd, n = (stats[metric][s].at[r, c] for s in ("mean", "std", "count"))
+        if pd.isna(mean):
             return "-"
-        text = f"{mean.at[r, c]:.{digits}f}"
-        if count.at[r, c] > 1:
-            text += f" ± {sd.at[r, c]:.{digits}f}"
-        if success is not None and c in success.columns and pd.notna(success.at[r, c]):
-            text += f" / {success.at[r, c]:.{digits}f}"
-        return text
+        out = number(c, mean) + (f" ± {sd:.{digits}f} ({int(n)})" if n > 1 else "")
+        if has_success and pd.notna(stats[SUCCESS]["mean"].at[r, c]):
+            out += " / " + number(c, stats[SUCCESS]["mean"].at[r, c])
+        return out
 
+    what = metric.removeprefix("metrics/").replace("_", " ")
     seeds = final["seed"].nunique() if "seed" in final else 1
-    rounds = sorted(final["round"].astype(int).unique())
-    caption = (f"Final {metric.replace('_', ' ')} (round {', '.join(map(str, rounds))})"
-               + ("; where measured: test error / attack success rate" if has_success else "")
-               + f". {len(final)} runs" + (f", mean ± sd over {seeds} seeds" if seeds > 1 else "") + ".")
-    head = [rows.capitalize() if rows != "attack" else "Attack", *col_order]
+    short = int((final["evaluations"] < window).sum())
+    caption = ((f"Final {what}" if window == 1 else f"{what[:1].upper() + what[1:]}, mean of the last {window} evaluations")
+               + f" ({_rounds(final, window)})"
+               + (f"; {short} runs have fewer evaluations: all of theirs are used" if short else "")
+               + (f"; where measured: {what} / attack success rate" if has_success else "")
+               + f". {len(final)} runs" + (f", mean ± sd (n runs) over {seeds} seeds" if seeds > 1 else "") + ".")
+    if ref is not None:
+        caption += (f" Columns other than {text(ref)}: difference to {text(ref)} in the same row, paired by seed, "
+                    "mean ± sd (n pairs)" + (f"; the paired runs also differ in {', '.join(differ)}" if differ else "") + ".")
+    head = [rows.capitalize() if rows != "attack" else "Attack", *map(text, col_order)]
     lines = [caption, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join([str(r), *(cell(r, c) for c in col_order)]) + " |" for r in row_order]
-    csv = mean.reindex(index=row_order, columns=col_order)
-    if success is not None:
-        extra = success.reindex(columns=col_order).dropna(how="all")
-        extra.index = [f"{r} ({SUCCESS.replace('_', ' ')})" for r in extra.index]
-        csv = pd.concat([csv, extra])
+    lines += ["| " + " | ".join([text(r), *(cell(r, c) for c in col_order)]) + " |" for r in row_order]
+    return "\n".join(lines) + "\n", _csv(stats, measures, rows, col_order, ref)
+
+
+def _csv(stats: dict, measures: list[str], rows: str, col_order: list, ref) -> pd.DataFrame:
+    """Per column: mean, ``sd``, ``n``; success rates as extra rows."""
+    parts = []
+    for m in measures:
+        frame = pd.DataFrame(index=stats[m]["mean"].index)
+        for c in col_order:
+            name = text(c) if ref is None or c == ref else f"{text(c)} - {text(ref)}"
+            frame[name] = stats[m]["mean"][c]
+            frame[f"{name} sd"] = stats[m]["std"][c]
+            frame[f"{name} n"] = stats[m]["count"][c].astype("Int64")
+        if m == SUCCESS:
+            frame = frame[stats[m]["mean"].notna().any(axis=1)]
+            frame.index = [f"{r} ({SUCCESS.replace('_', ' ')})" for r in frame.index]
+        parts.append(frame)
+    csv = pd.concat(parts)
     csv.index.name = rows
-    return "\n".join(lines) + "\n", csv
+    return csv
 
 
 def write_outputs(markdown: str, csv: pd.DataFrame, prefix: str | None) -> None:
+    """Print the Markdown; with ``prefix``, also write ``PREFIX.md`` and ``PREFIX.csv``."""
     print(markdown)
     if prefix:
         Path(prefix).parent.mkdir(parents=True, exist_ok=True)
@@ -143,13 +244,27 @@ def write_outputs(markdown: str, csv: pd.DataFrame, prefix: str | None) -> None:
         print(f"wrote {prefix}.md, {prefix}.csv")
 
 
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def main_table(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis table", description="Paper-layout table: final test error, rows x columns.")
+    p = argparse.ArgumentParser(prog="python -m analysis table",
+                                description="Paper-layout table of training runs: a final metric, rows x columns, "
+                                            "mean ± sd (n) over seeds, or paired differences to one column.")
     p.add_argument("paths", nargs="+", metavar="FILE|DIR")
     p.add_argument("--out", metavar="PREFIX", help="write PREFIX.md and PREFIX.csv")
     p.add_argument("--rows", default="attack", help="column for the rows (default attack)")
     p.add_argument("--cols", default="method", help="column for the columns (default method: the defence)")
-    p.add_argument("--metric", default="test_error", help="metric in the cells (default test_error)")
+    p.add_argument("--metric", default="test_error",
+                   help="metric in the cells: test_error (default), test_accuracy or any /metrics column")
+    p.add_argument("--final-window", type=_positive, default=1, metavar="K",
+                   help="a run's value is the mean of its last K evaluations (default 1: the final one)")
+    p.add_argument("--diff-to", metavar="COLUMN",
+                   help="show every other column as the per-seed paired difference to this column (e.g. BRACE)")
     p.add_argument("--digits", type=int, default=2)
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="keep only runs with this setting")
     args = p.parse_args(argv)
@@ -159,108 +274,6 @@ def main_table(argv: list[str]) -> int:
     if df.empty:
         print("no complete training runs to tabulate", file=sys.stderr)
         return 1
-    write_outputs(*paper_table(df, args.rows, args.cols, args.metric, args.digits), args.out)
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------
-# Conformal runs
-# ---------------------------------------------------------------------------------------------
-
-
-def _stats(coverage: np.ndarray, width: np.ndarray) -> dict:
-    def sd(x):
-        return float(np.std(x, ddof=1)) if len(x) > 1 else 0.0
-
-    return {"trials": len(coverage), "coverage": float(np.mean(coverage)), "coverage_sd": sd(coverage),
-            "width": float(np.mean(width)), "width_sd": sd(width)}
-
-
-def read_conformal(path: Path) -> tuple[list[dict] | None, str | None]:
-    """Rows of one conformal run's ``/calibration/`` group, or None and why it is skipped.
-
-    Two layouts: ``coverage`` and ``width`` of shape (trials, cases) with the cases in the
-    group's ``cases`` attribute (``conformal prism``); or one subgroup per method with
-    ``coverage`` and ``set_size`` of shape (trials, targets), the targets in the group's
-    ``targets`` attribute (``conformal labelshift``).
-    """
-    f, why = open_results(path)
-    if f is None:
-        return None, why
-    with f:
-        status = str(f.attrs.get("status", "unknown"))
-        if status != "complete":
-            return None, f"not complete (status = {status})"
-        if "calibration" not in f:
-            return None, "no /calibration (not a conformal run)"
-        g = f["calibration"]
-        config = json.loads(f.attrs.get("config", "{}"))
-        base = {"run": path.stem, **{k: config[k] for k in ("dataset", "experiment", "alpha") if k in config}}
-        rows = []
-        if isinstance(g.get("coverage"), h5py.Dataset):
-            cases = json.loads(g.attrs["cases"])
-            cov, width = g["coverage"][:], g["width"][:]
-            for j, case in enumerate(cases):
-                shared = {"M/D": case["shared"] / config["dim"]} if "dim" in config else {"M": case["shared"]}
-                rows.append({**base, "attack": case["attack"], "method": CONFORMAL_METHOD_LABELS.get(case["method"], case["method"]),
-                             **shared, "filter": case["rule"] or "none", **_stats(cov[:, j], width[:, j])})
-        targets = list(g.attrs.get("targets", []))
-        for name, sub in g.items():
-            if isinstance(sub, h5py.Group) and "coverage" in sub:
-                cov = sub["coverage"][:].reshape(len(sub["coverage"]), -1)
-                width = sub["width" if "width" in sub else "set_size"][:].reshape(cov.shape)
-                for j in range(cov.shape[1]):
-                    target = {"target": int(targets[j])} if j < len(targets) else {}
-                    rows.append({**base, "method": name, **target, **_stats(cov[:, j], width[:, j])})
-        if not rows:
-            return None, "no coverage results under /calibration"
-        return rows, None
-
-
-def load_conformal(paths) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
-    rows, skipped = [], []
-    for path in h5_files(paths):
-        got, why = read_conformal(path)
-        if got is None:
-            skipped.append((str(path), why))
-        else:
-            rows += got
-    return pd.DataFrame(rows), skipped
-
-
-def conformal_columns(df: pd.DataFrame) -> list[str]:
-    """The descriptive columns of conformal rows that tell them apart (``method`` always)."""
-    return [c for c in ("dataset", "experiment", "alpha", "attack", "method", "M/D", "M", "filter", "target")
-            if c in df and (df[c].map(text).nunique() > 1 or c == "method")]
-
-
-def conformal_table(df: pd.DataFrame, digits: int = 2) -> tuple[str, pd.DataFrame]:
-    """(Markdown, CSV frame): descriptive columns that vary, then coverage (%) and width."""
-    describe = conformal_columns(df)
-    head = [*describe, "Coverage (%)", "Width", "Trials"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, r in df.iterrows():
-        cells = [text(r[c]) for c in describe]
-        cells += [f"{100 * r['coverage']:.1f} ± {100 * r['coverage_sd']:.1f}",
-                  f"{r['width']:.{digits}f} ± {r['width_sd']:.{digits}f}", str(r["trials"])]
-        lines.append("| " + " | ".join(cells) + " |")
-    alpha = sorted(df["alpha"].unique()) if "alpha" in df else []
-    caption = ("Coverage and width (set size for classification), mean ± sd over trials"
-               + (f"; target coverage {', '.join(f'{100 * (1 - a):g}%' for a in alpha)}" if alpha else "") + ".")
-    return caption + "\n\n" + "\n".join(lines) + "\n", df.set_index("run")
-
-
-def main_conformal(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis conformal-table",
-                                description="Coverage and width of conformal runs (/calibration/).")
-    p.add_argument("paths", nargs="+", metavar="FILE|DIR")
-    p.add_argument("--out", metavar="PREFIX", help="write PREFIX.md and PREFIX.csv")
-    p.add_argument("--digits", type=int, default=2)
-    args = p.parse_args(argv)
-    df, skipped = load_conformal(args.paths)
-    report_skipped(skipped)
-    if df.empty:
-        print("no complete conformal runs to tabulate", file=sys.stderr)
-        return 1
-    write_outputs(*conformal_table(df, args.digits), args.out)
+    write_outputs(*paper_table(df, args.rows, args.cols, args.metric, args.digits, args.final_window, args.diff_to),
+                  args.out)
     return 0

@@ -1,7 +1,9 @@
 """analysis/: tidy loading, paper-layout tables and plots from results files.
 
-The files are written with fedring's own writer (:class:`fedring.results.ResultsFile`) and
-chosen metrics, so every table cell is known exactly; one test runs real training runs.
+The training files are written with fedring's own writer (:class:`fedring.results.ResultsFile`)
+and chosen metrics, so every table cell is known exactly; the conformal files are written by
+hand in the ``/calibration`` layout of :mod:`fedring.conformal.trials`; one test runs real
+training runs. The commands run from a directory that is not the repository (``cwd=tmp_path``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import pytest
 from conftest import ROOT, mpi_env
 
 from analysis.load import load_runs
-from analysis.tables import conformal_table, load_conformal, paper_table
+from analysis.conformal import conformal_table, load_conformal
+from analysis.tables import paper_table
 from fedring.config import Config
 from fedring.results import ResultsFile
 
@@ -116,17 +119,25 @@ def test_paper_table_layout_and_exact_cells(runs):
     # seeds 0 and 1 differ by 0.125 in accuracy: mean shifts by 0.0625, sd = 0.125 / sqrt(2) = 0.0884
     assert markdown == (
         "Final test error (round 4); where measured: test error / attack success rate. "
-        "18 runs, mean ± sd over 2 seeds.\n\n"
+        "18 runs, mean ± sd (n runs) over 2 seeds.\n\n"
         "| Attack | RAR | Krum | BRACE |\n"
         "|---|---|---|---|\n"
-        "| None attack | 0.19 ± 0.09 | 0.25 ± 0.09 | 0.12 ± 0.09 |\n"
-        "| Gaussian attack | 0.25 ± 0.09 | 0.31 ± 0.09 | 0.19 ± 0.09 |\n"
-        "| Backdoor attack | 0.31 ± 0.09 / 0.25 | 0.38 ± 0.09 / 0.25 | 0.25 ± 0.09 / 0.25 |\n"
+        "| None attack | 0.19 ± 0.09 (2) | 0.25 ± 0.09 (2) | 0.12 ± 0.09 (2) |\n"
+        "| Gaussian attack | 0.25 ± 0.09 (2) | 0.31 ± 0.09 (2) | 0.19 ± 0.09 (2) |\n"
+        "| Backdoor attack | 0.31 ± 0.09 (2) / 0.25 | 0.38 ± 0.09 (2) / 0.25 | 0.25 ± 0.09 (2) / 0.25 |\n"
     )
-    assert list(csv.columns) == ["RAR", "Krum", "BRACE"]
+    assert list(csv.columns) == [f"{m}{s}" for m in ("RAR", "Krum", "BRACE") for s in ("", " sd", " n")]
     assert list(csv.index) == ["None attack", "Gaussian attack", "Backdoor attack", "Backdoor attack (attack success rate)"]
     assert csv.loc["Gaussian attack", "Krum"] == 1 - (0.6875 - 0.0625 + 0.0625)
+    assert csv.loc["Gaussian attack", "Krum sd"] == pytest.approx(0.125 / 2**0.5)
+    assert csv.loc["Gaussian attack", "Krum n"] == 2
     assert csv.loc["Backdoor attack (attack success rate)", "BRACE"] == 0.25
+    assert csv.loc["Backdoor attack (attack success rate)", "BRACE sd"] == 0.0
+    # accuracy instead of error: the title says so, the cells are 1 - error
+    markdown, csv = paper_table(df, metric="test_accuracy")
+    assert markdown.startswith("Final test accuracy (round 4); where measured: test accuracy / attack success rate.")
+    assert "| None attack | 0.81 ± 0.09 (2) | 0.75 ± 0.09 (2) | 0.88 ± 0.09 (2) |" in markdown
+    assert csv.loc["Gaussian attack", "Krum"] == 0.6875 - 0.0625 + 0.0625
 
 
 def test_paper_table_refuses_cells_that_mix_settings(runs, tmp_path):
@@ -136,7 +147,7 @@ def test_paper_table_refuses_cells_that_mix_settings(runs, tmp_path):
     with pytest.raises(SystemExit, match=r"cell attack='None attack', method='RAR' differ in noniid \(0.1, 0.5\)"):
         paper_table(df)
     proc = subprocess.run([sys.executable, "-m", "analysis", "table", str(runs), "--where", "noniid=0.5",
-                           "--out", str(tmp_path / "t2")], capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=ROOT)
+                           "--out", str(tmp_path / "t2")], capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "t2.md").read_text().startswith("Final test error (round 4)")
     assert "skipped " + str(runs / "junk.h5") in proc.stderr
@@ -159,48 +170,79 @@ def test_plots_are_pngs(runs, tmp_path):
     for cmd in ("plot-accuracy", "plot-bytes"):
         out = tmp_path / f"{cmd}.png"
         proc = subprocess.run([sys.executable, "-m", "analysis", cmd, str(runs if cmd == "plot-accuracy" else tmp_path),
-                               "--out", str(out)], capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=ROOT)
+                               "--out", str(out)], capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
+def calibration_file(path, cases, size_kind, alpha, coverage, size, status="complete"):
+    """A conformal results file in the /calibration layout of fedring.conformal.trials, written by hand."""
+    coverage, size = np.array(coverage, float), np.array(size, float)
+    with h5py.File(path, "w") as f:
+        f.attrs.update(status=status, task="conformal", config=json.dumps({"task": "conformal", "seed": 0}))
+        g = f.create_group("calibration")
+        g.attrs.update(cases=json.dumps(cases), size_kind=size_kind, alpha=alpha, settings=json.dumps({"trials": len(coverage)}))
+        g["trial"] = np.arange(len(coverage))
+        g["coverage"], g["size"], g["threshold"] = coverage, size, np.ones_like(coverage)
+    return path
+
+
 def conformal_files(tmp_path):
-    """One file of each /calibration/ layout: prism (trials, cases) and label shift (method/(trials, targets))."""
-    with h5py.File(tmp_path / "prism.h5", "w") as f:
-        f.attrs.update(status="complete", config=json.dumps({"dataset": "synthetic", "dim": 50, "alpha": 0.1}))
-        g = f.create_group("calibration")
-        g.attrs["cases"] = json.dumps([{"attack": "coverage", "method": "fcp", "shared": 50, "rule": None},
-                                       {"attack": "coverage", "method": "prism", "shared": 25, "rule": "known"}])
-        g["coverage"] = np.array([[1.0, 0.875], [1.0, 0.925]])
-        g["width"] = np.array([[8.0, 1.0], [10.0, 1.5]])
-    with h5py.File(tmp_path / "labelshift.h5", "w") as f:
-        f.attrs.update(status="complete", config=json.dumps({"experiment": "gaussians", "alpha": 0.1}))
-        g = f.create_group("calibration")
-        g.attrs["targets"] = np.array([1])
-        for name, cov, size in (("weighted", [0.875, 0.9375], [2.0, 3.0]), ("oracle", [0.9, 0.9], [2.5, 2.5])):
-            g[f"{name}/coverage"] = np.array(cov)[:, None]
-            g[f"{name}/set_size"] = np.array(size)[:, None]
-    with h5py.File(tmp_path / "running.h5", "w") as f:
-        f.attrs["status"] = "running"
+    """Two conformal runs (regression: interval width; classification: set size), and files to skip."""
+    calibration_file(tmp_path / "prism.h5", [{"label": "FCP", "method": "fcp", "attack": "coverage", "shared": 50},
+                                             {"label": "PRISM-FCP", "method": "prism", "attack": "coverage", "shared": 25}],
+                     "interval width", 0.2, coverage=[[1.0, 0.875], [1.0, 0.925]], size=[[8.0, 1.0], [10.0, 1.5]])
+    calibration_file(tmp_path / "labelshift.h5", [{"label": "weighted", "method": "weighted", "target": 1, "epsilon": 1.0},
+                                                  {"label": "oracle", "method": "oracle", "target": 1, "epsilon": None}],
+                     "set size", 0.1, coverage=[[0.875, 0.9], [0.9375, 0.9]], size=[[2.0, 2.5], [3.0, 2.5]])
+    calibration_file(tmp_path / "running.h5", [{"label": "FCP", "method": "fcp"}], "set size", 0.1, [[1.0]], [[1.0]],
+                     status="running")
+    with h5py.File(tmp_path / "old.h5", "w") as f:  # the retired per-task layout: not read any more
+        f.attrs.update(status="complete", config="{}")
+        f.create_group("calibration").attrs["cases"] = json.dumps([{"attack": "coverage", "method": "fcp", "shared": 50}])
+        f["calibration/coverage"] = np.ones((2, 1))
+        f["calibration/width"] = np.ones((2, 1))
 
 
-def test_conformal_table_reads_both_layouts(tmp_path):
+def test_conformal_table_reads_the_calibration_layout(tmp_path):
     conformal_files(tmp_path)
     df, skipped = load_conformal([tmp_path])
-    assert skipped == [(str(tmp_path / "running.h5"), "not complete (status = running)")]
-    markdown, _ = conformal_table(df)
+    assert dict(skipped) == {
+        str(tmp_path / "running.h5"): "not complete (status = running)",
+        str(tmp_path / "old.h5"): "/calibration is not in the layout of fedring.conformal.trials (KeyError: 'settings')",
+    }
+    markdown, csv = conformal_table(df)
+    # (0.875 + 0.9375) / 2 = 90.625%, sd 0.0625 / sqrt(2) = 4.42%; sizes 2 and 3: 2.5 ± 0.71
     assert markdown == (
-        "Coverage and width (set size for classification), mean ± sd over trials; target coverage 90%.\n\n"
-        "| dataset | experiment | attack | method | M/D | filter | target | Coverage (%) | Width | Trials |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n"
-        "|  | gaussians |  | oracle |  |  | 1 | 90.0 ± 0.0 | 2.50 ± 0.00 | 2 |\n"
-        "|  | gaussians |  | weighted |  |  | 1 | 90.6 ± 4.4 | 2.50 ± 0.71 | 2 |\n"
-        "| synthetic |  | coverage | FCP | 1 | none |  | 100.0 ± 0.0 | 9.00 ± 1.41 | 2 |\n"
-        "| synthetic |  | coverage | PRISM-FCP | 0.5 | known |  | 90.0 ± 3.5 | 1.25 ± 0.35 | 2 |\n"
+        "Coverage (%) and size (interval width or set size: Size kind), mean ± sd over the trials; "
+        "target coverage 100 (1 - alpha) %.\n\n"
+        "| run | label | method | target | epsilon | attack | shared | Coverage (%) | Size | Size kind | Trials | Target (%) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| labelshift | weighted | weighted | 1 | 1 |  |  | 90.6 ± 4.4 | 2.50 ± 0.71 | set size | 2 | 90 |\n"
+        "| labelshift | oracle | oracle | 1 |  |  |  | 90.0 ± 0.0 | 2.50 ± 0.00 | set size | 2 | 90 |\n"
+        "| prism | FCP | fcp |  |  | coverage | 50 | 100.0 ± 0.0 | 9.00 ± 1.41 | interval width | 2 | 80 |\n"
+        "| prism | PRISM-FCP | prism |  |  | coverage | 25 | 90.0 ± 3.5 | 1.25 ± 0.35 | interval width | 2 | 80 |\n"
     )
+    row = csv[csv["label"] == "PRISM-FCP"].iloc[0]
+    assert (row["coverage"], row["size"], row["size_kind"], row["trials"], row["alpha"]) == (0.9, 1.25, "interval width", 2, 0.2)
+    assert row["coverage_sd"] == pytest.approx(0.05 / 2**0.5) and row["size_sd"] == pytest.approx(0.5 / 2**0.5)
+    # one file: the kind of size is the column's name; the keys the cases share are in the caption
+    markdown, _ = conformal_table(load_conformal([tmp_path / "prism.h5"])[0])
+    assert markdown == (
+        "Coverage (%) and interval width, mean ± sd over the trials; target coverage 100 (1 - alpha) %. "
+        "Every row: attack = coverage.\n\n"
+        "| label | method | shared | Coverage (%) | Interval width | Trials | Target (%) |\n"
+        "|---|---|---|---|---|---|---|\n"
+        "| FCP | fcp | 50 | 100.0 ± 0.0 | 9.00 ± 1.41 | 2 | 80 |\n"
+        "| PRISM-FCP | prism | 25 | 90.0 ± 3.5 | 1.25 ± 0.35 | 2 | 80 |\n"
+    )
+    proc = subprocess.run([sys.executable, "-m", "analysis", "conformal-table", str(tmp_path), "--where", "method=prism",
+                           "--out", str(tmp_path / "conf")], capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert pd.read_csv(tmp_path / "conf.csv", index_col=0).loc["prism", "coverage"] == 0.9
     out = tmp_path / "conf.png"
     proc = subprocess.run([sys.executable, "-m", "analysis", "plot-conformal", str(tmp_path), "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=ROOT)
+                          capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:4] == b"\x89PNG"
 
