@@ -5,7 +5,7 @@ each method's test error. Default setting (BRACE paper §5, scaled to 20 clients
 20 % Byzantine clients that behave honestly (no attack), Fang non-IID degree q = 0.5, batch 32,
 the paper's CNN. BRACE's threshold defaults to lambda = 1, the paper's lambda / n = 5 / 100
 scaled to n = 20; sign methods move every coordinate by lr per round, so they get a much
-smaller lr than the mean (spec §6.4).
+smaller lr than the mean (the paper gives neither).
 
     mpiexec -n 4 python benchmarks/brace_learning.py --clients 20 --rounds 300
     mpiexec -n 4 python benchmarks/brace_learning.py --clients 20 --rounds 300 --methods brace \\

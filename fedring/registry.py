@@ -85,8 +85,8 @@ class Registry:
         if isinstance(declared, tuple):
             return list(declared)
         signature = inspect.signature(cls.__init__).parameters
-        return [p for p, spec in signature.items()
-                if p != "self" and p not in context and spec.kind not in (spec.VAR_POSITIONAL, spec.VAR_KEYWORD)]
+        return [name for name, param in signature.items()
+                if name != "self" and name not in context and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)]
 
     def build(self, name: Any, params: dict | None = None, *, key: str | None = None, prefix: str | None = None,
               **context):

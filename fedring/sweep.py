@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import (
+    DEFAULTS,
     FIELDS,
     RUN_CONTROL,
     Config,
@@ -91,10 +92,10 @@ from .config import (
 from .errors import ConfigError
 from .results import read_checkpoint
 
-JOBS_DIR = Path(__file__).resolve().parents[1] / "jobs"
+#: the job scripts and the grids shipped with fedring (the repository's jobs/, installed as package data)
+JOBS_DIR = Path(__file__).parent / "jobs"
 HASH_DIGITS = 12
 LAUNCHERS = ("srun", "mpiexec")
-DEFAULTS = Config()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,8 +241,13 @@ class Sweep:
 
 
 def load_sweep(grid: str | Path, overrides: list[str] = (), sweep_overrides: dict[str, Any] | None = None) -> Sweep:
-    """Read, expand and resolve a grid; ``overrides`` are ``KEY=VALUE`` strings applied last."""
+    """Read, expand and resolve a grid; ``overrides`` are ``KEY=VALUE`` strings applied last.
+
+    A grid that is not a file here but is the name of a shipped grid (``table2.toml``) is that one.
+    """
     grid = Path(grid)
+    if not grid.exists() and (JOBS_DIR / grid.name).is_file():
+        grid = JOBS_DIR / grid.name
     table = load_toml(str(grid))
     settings = SweepSettings()
     sweep_table = table.pop("sweep", {})

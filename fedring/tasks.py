@@ -9,6 +9,8 @@ every rank (exit 2), then the job under the :class:`~fedring.runtime.Watchdog`.
 
 from __future__ import annotations
 
+import importlib
+
 from mpi4py import MPI
 
 from .config import Config
@@ -44,7 +46,9 @@ class Task:
 
 
 def _register_all() -> None:
-    from .train import task  # noqa: F401  (each module registers its task)
+    """Import the task modules (each registers its task); the conformal ones import no torch."""
+    for module in ("fedring.train.task", "fedring.conformal.prism.task", "fedring.conformal.labelshift.task"):
+        importlib.import_module(module)
 
 
 _register_all()

@@ -16,9 +16,9 @@ from fedring.aggregators.copod import copod_scores
 from fedring.aggregators.krum import krum_scores
 from fedring.errors import ConfigError
 
-BYZFL = np.array([[1.0, 2, 3], [4, 5, 6], [7, 8, 9]])  # ByzFL's unit-test matrix (anchors.md)
-FEDLIB = np.array([[1.0, 2, 3], [-1, 4, -1], [2, 2, 3], [3, 1, 3]])  # fedlib's, even n (anchors.md)
-SCALARS = np.array([[0.0], [1], [2], [3], [100]])  # BRACE spec P11
+BYZFL = np.array([[1.0, 2, 3], [4, 5, 6], [7, 8, 9]])  # ByzFL's unit-test matrix
+FEDLIB = np.array([[1.0, 2, 3], [-1, 4, -1], [2, 2, 3], [3, 1, 3]])  # fedlib's unit-test matrix, even n
+SCALARS = np.array([[0.0], [1], [2], [3], [100]])  # one outlier among scalars
 REF = np.array([1.0, -1, 2])
 
 

@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 from conftest import ROOT, mpi_env
 
-from analysis.load import load_runs
 from analysis.conformal import conformal_table, load_conformal
+from analysis.load import load_runs
 from analysis.tables import paper_table
 from fedring.config import Config
 from fedring.results import ResultsFile

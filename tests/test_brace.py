@@ -31,7 +31,7 @@ def sign_matrix(n: int, d: int, seed) -> np.ndarray:
 
 
 def expected(rule: str, params: dict, G: np.ndarray) -> np.ndarray:
-    """The centralized formulas, written independently of the module (spec §3.4, §4.5)."""
+    """The centralized formulas, written independently of the module (eqs. (1)-(3), signSGD's sign(S), RLR's reversed step)."""
     sz = params.get("sign_zero", 0)
     q = np.sign(G)
     q[q == 0] = sz
@@ -55,7 +55,7 @@ def run(rule, n, G, params=None, **kw):
 
 
 def expected_bytes(n: int, d: int, planes: int, itemsize: int) -> np.ndarray:
-    """Client i sends every count chunk but (i+1) and every packed chunk but (i+2) (spec §2.3)."""
+    """Client i sends every count chunk but (i+1) and every packed chunk but (i+2) (docs/brace.md)."""
     sizes = np.diff(chunk_bounds(d, n))
     packed = planes * (-(-sizes // 8))
     i = np.arange(n)

@@ -66,7 +66,7 @@ def test_partition_assigns_every_sample_once(kind, x):
 
 
 def test_fang_own_label_fraction_is_q():
-    """BRACE spec P13: with q = 0.5 and balanced labels a group's own-label share is about q.
+    """Fang et al.'s partition: with q = 0.5 and balanced labels a group's own-label share is about q.
 
     60k samples: the share is a binomial mean with sd about 0.002 per group; the bound 0.02
     is over 9 sd (false-alarm rate far below 1e-9).

@@ -1,6 +1,7 @@
-"""Deterministic tests of DP-FedCP's numerical core (fedring.fcp_label_shift).
+"""Deterministic tests of DP-FedCP's numerical core (fedring.conformal.labelshift).
 
-Property numbers P1..P14 refer to the spec's Section 6 (shared/specs/fcp-label-shift.md).
+Property numbers P1..P16 label the properties these tests and test_fcp_label_shift_coverage.py
+check (docs/labelshift.md lists them); lemma and theorem numbers are the paper's.
 """
 
 import math
@@ -8,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from fedring import fcp_label_shift as ls
+from fedring.conformal import labelshift as ls
 from fedring.errors import ConfigError
 
 # ----------------------------------------------------------------------------- scores
@@ -21,7 +22,7 @@ def test_aps_hand_values_and_ties():
     assert ls.aps_scores(p, np.array([1, 0, 2]), u).tolist() == pytest.approx([0.5 + 0.15, 0.0 + 0.1, 1.0 + 0.0])
     full = ls.aps_scores(p, None, u)
     assert full[1].tolist() == pytest.approx([0.1, 0.1, 0.8 + 0.05])  # tied classes share rho = 0
-    # the matrix form reuses one u per row for every label (spec A14)
+    # the matrix form reuses one u per row for every label (nested sets)
     for y in range(3):
         assert np.allclose(full[:, y], ls.aps_scores(p, np.full(3, y), u))
 
@@ -173,7 +174,7 @@ def test_mle_weights_eq10_and_oracle():
     with pytest.raises(ValueError):
         ls.mle_weights(np.array([[3, 1], [0, 0]]), 1)
     w_or = ls.oracle_weights(np.array([[0.8, 0.1, 0.1], [0.1, 0.1, 0.8]]), np.array([1000, 50]), 1)
-    assert np.allclose(w_or, [0.1 / (23 / 30), 1.0, 6.0])  # P_Y^cal = (0.7667, 0.1, 0.1333), spec Section 4.1
+    assert np.allclose(w_or, [0.1 / (23 / 30), 1.0, 6.0])  # P_Y^cal = (0.7667, 0.1, 0.1333)
 
 
 def test_discrete_gaussian_and_floor():
@@ -183,7 +184,7 @@ def test_discrete_gaussian_and_floor():
     assert abs(z.mean()) < 0.05 and abs(z.var() - 9.0) < 0.15  # var of N_Z(0, 9) is 9 to 1e-30
     assert ls.discrete_gaussian(0.0, 5, rng).tolist() == [0] * 5
     counts = np.array([0, 1, 50])
-    assert ls.privatise_counts(counts, 0.0, rng).tolist() == [0, 1, 50]  # no floor without noise (A8)
+    assert ls.privatise_counts(counts, 0.0, rng).tolist() == [0, 1, 50]  # no floor without noise
     assert ls.privatise_counts(counts, 100.0, rng).min() >= 1
 
 
@@ -300,7 +301,7 @@ def test_partial_participation_scales_by_n_over_s():
 
 @pytest.mark.parametrize(
     "row, want",
-    [  # spec Section 2.7 table: (eps, delta, T, K, S, n, lambda_max) -> sigma_g min
+    [  # (eps, delta, T, K, S, n, lambda_max) -> sigma_g min, by Theorem 4.4's formula
         ((1, 1e-5, 1000, 10, 11, 11, 0.5), 332.3261),
         ((1, 1e-5, 100, 1, 10, 10, 1.0), 69.1385),
         ((10, 1e-5, 1000, 10, 11, 11, 0.5), 31.5715),
@@ -405,7 +406,7 @@ def test_atomrows_rows_are_independent_bit_for_bit():
 
 
 def test_exact_weighted_thresholds_100_agents_by_1000_scores_fast():
-    """Issue 6 section 4 scale: the exact eq. (8) thresholds for 100 x 1000 scores (0.01 s measured)."""
+    """100 agents x 1000 scores: the exact eq. (8) thresholds for 100 x 1000 scores (0.01 s measured)."""
     import time
 
     rng = np.random.default_rng(17)

@@ -1,20 +1,19 @@
-"""Command line, results file and MPI invariance of ``conformal labelshift``."""
+"""Command line, results file, resume and MPI invariance of ``conformal labelshift``."""
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+from conftest import MPIEXEC, fedring, run_mpi
 
-from fedring import fcp_label_shift as ls
+from fedring.cli.run import build_config, section_parser
+from fedring.conformal import labelshift as ls
+from fedring.conformal.labelshift.task import LabelShiftSettings, privacy_summary
+from fedring.conformal.trials import read_calibration
 from fedring.errors import ConfigError
+from fedring.tasks import TASKS
 
-REPO = Path(__file__).resolve().parents[1]
 FAST = ["--rounds", "20", "--local-steps", "2"]
 
 
@@ -29,40 +28,63 @@ def logits_npz(tmp_path):
     return path
 
 
-def _read(path):
+def labelshift(*args, ranks=1, check=True):
+    return fedring(ranks, "conformal", "labelshift", *map(str, args), check=check, timeout=300)
+
+
+def prepare(argv):
+    """The job ``conformal labelshift argv`` would run, built in this process (one rank)."""
+    from mpi4py import MPI
+
+    parser = section_parser("labelshift", LabelShiftSettings, "")
+    cfg = build_config(list(map(str, argv)), 1, parser, section="labelshift")
+    return TASKS["labelshift"].prepare(cfg, MPI.COMM_WORLD)
+
+
+def read(path):
+    """``/calibration`` (attrs, rows), the ``/comm`` rows and the root attributes."""
+    attrs, rows = read_calibration(path)
     with h5py.File(path, "r") as f:
-        out = {}
-        f["calibration"].visititems(lambda name, obj: out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
-        return out, dict(f.attrs), dict(f["calibration"].attrs)
+        comm = {name: ds[()] for name, ds in f["comm"].items()}
+        root = dict(f.attrs)
+    return attrs, rows, comm, root
+
+
+def assert_same_rows(a, b):
+    (attrs_a, rows_a, comm_a, _), (attrs_b, rows_b, comm_b, _) = read(a), read(b)
+    assert attrs_a["cases"] == attrs_b["cases"]
+    assert rows_a.keys() == rows_b.keys() and comm_a.keys() == comm_b.keys()
+    for k in rows_a:
+        assert np.array_equal(rows_a[k], rows_b[k], equal_nan=True), k
+    for k in comm_a:
+        assert np.array_equal(comm_a[k], comm_b[k]), k  # the ledger counts logical clients, not ranks
 
 
 @pytest.mark.parametrize(
     "argv, key",
     [
-        (["--alpha", "1.5"], "--alpha"),
-        (["--gamma", "0"], "--gamma"),
-        (["--trials", "0"], "--trials"),
-        (["--method", "magic"], "labelshift"),
-        (["--method", "weighted", "--epsilon", "1"], "--method"),
-        (["--experiment", "logits"], "--experiment"),
-        (["--logits", "/nonexistent.npz"], "--logits"),
-        (["--target", "3"], "--target"),
-        (["--participants", "3"], "--participants"),
-        (["--epsilon", "1", "--participants", "1", "--rounds", "1"], "delta"),  # 1 - 2 (1 - 1/2)^1 = 0: no delta
-        (["--model-from", "/nonexistent.h5"], "--model-from"),
+        (["--alpha", "1.5"], "labelshift.alpha"),
+        (["--gamma", "0"], "labelshift.gamma"),
+        (["--trials", "0"], "labelshift.trials"),
+        (["--methods", "magic"], "labelshift.methods"),
+        (["--methods", "weighted", "--epsilon", "1"], "labelshift.methods"),
+        (["--experiment", "logits"], "labelshift.experiment"),
+        (["--logits", "/nonexistent.npz"], "labelshift.logits"),
+        (["--targets", "3"], "labelshift.targets"),
+        (["--participants", "3"], "labelshift.participants"),
+        (["--epsilon", "1", "--participants", "1", "--rounds", "1"], "labelshift.delta"),  # 1 - 2 (1 - 1/2)^1 = 0
+        (["--model-from", "/nonexistent.h5"], "labelshift.model_from"),
     ],
 )
 def test_bad_settings_raise_config_error_before_work(argv, key, tmp_path):
     out = tmp_path / "r.h5"
     with pytest.raises(ConfigError) as e:
-        cfg = ls.parse_config([*argv, "--out", str(out)])
-        from mpi4py import MPI
-
-        exp = ls._make_experiment(cfg, MPI.COMM_WORLD)
-        ls._resolve(cfg, exp)
+        prepare([*argv, "--out", out])
     assert e.value.key == key
     assert not out.exists()
-    assert ls.main([*argv, "--out", str(out)]) == 2
+    proc = labelshift(*argv, "--out", out, check=False)
+    assert proc.returncode == 2 and f"{key}:" in proc.stderr, proc.stderr
+    assert not out.exists()
 
 
 def test_malformed_npz(tmp_path):
@@ -78,54 +100,103 @@ def test_malformed_npz(tmp_path):
 def test_refuses_to_overwrite(tmp_path):
     out = tmp_path / "r.h5"
     out.write_bytes(b"precious")
-    assert ls.main(["--trials", "1", *FAST, "--out", str(out)]) == 2
+    assert labelshift("--trials", "1", *FAST, "--out", out, check=False).returncode == 2
     assert out.read_bytes() == b"precious"
-    assert ls.main(["--trials", "1", *FAST, "--out", str(out), "--overwrite"]) == 0
+    assert labelshift("--trials", "1", *FAST, "--out", out, "--overwrite").returncode == 0
     assert h5py.is_hdf5(out)
 
 
-def test_logits_experiment_writes_distribution_over_runs(logits_npz, tmp_path, capsys):
+def test_logits_experiment_writes_distribution_over_runs(logits_npz, tmp_path):
     out = tmp_path / "r.h5"
-    argv = ["--logits", str(logits_npz), "--trials", "3", *FAST, "--sigma-g", "0.5", "--out", str(out)]
-    assert ls.main(argv) == 0
-    printed = capsys.readouterr().out
+    argv = ["--logits", logits_npz, "--trials", "3", *FAST, "--sigma-g", "0.5", "--trial-batch", "3"]
+    printed = labelshift(*argv, "--out", out).stdout
     assert "target agent 4 (N=50)" in printed and "significantly worse than DP-FedCP (Fig. 2)" in printed
-    data, root, calib = _read(out)
-    assert root["status"] == "complete"
-    cfg = json.loads(root["config"])
-    assert cfg["experiment"] == "logits" and cfg["targets"] == [4]
-    for m in ("unweighted-local", "unweighted-global", "oracle", "weighted", "nonprivate", "dp-sigma=0.5"):
-        assert data[f"{m}/coverage"].shape == (3, 1)
-        assert np.all((data[f"{m}/coverage"] >= 0) & (data[f"{m}/coverage"] <= 1))
-        assert data[f"{m}/threshold"].shape == (3, 1, 10)
-        assert np.all(data[f"{m}/set_size"] >= 0) and np.all(data[f"{m}/set_size"] <= 10)
-    assert data["trial"].tolist() == [0, 1, 2]
-    eps = data["dp-sigma=0.5/epsilon"]
-    lam_max = data["dp-sigma=0.5/lambda_max"]
-    want = ls.epsilon_for_sigma(0.5, 1e-5, 20, 2, 10, 10, float(lam_max[0, 0, 0]))
-    assert eps[0, 0, 0] == pytest.approx(want)
-    assert json.loads(calib["privacy"])["dp-sigma=0.5"]["epsilon_per_query"] == pytest.approx(eps.max())
-    # Algorithm 1's traffic: T rounds x (Delta q, Delta qbar) x 20 columns (2 variants x 10 labels) x 8 bytes
-    assert np.all(calib["client_bytes/labelshift/fedavgqe"] == 3 * 20 * 2 * 20 * 8)
+    attrs, rows, comm, root = read(out)
+    assert root["status"] == "complete" and root["task"] == "labelshift"
+    assert attrs["settings"]["experiment"] == "logits" and attrs["settings"]["targets"] == [4]
+    assert attrs["size_kind"] == "set size" and attrs["alpha"] == 0.1
+    labels = [case["label"] for case in attrs["cases"]]
+    methods = ("unweighted-local", "unweighted-global", "oracle", "weighted", "nonprivate", "dp-sigma=0.5")
+    assert labels == [f"{m}/target 4" for m in methods]
+    assert rows["trial"].tolist() == [0, 1, 2]
+    assert rows["coverage"].shape == rows["size"].shape == (3, 6)
+    assert np.all((rows["coverage"] >= 0) & (rows["coverage"] <= 1))
+    assert rows["threshold"].shape == (3, 6, 10)
+    assert np.all(rows["size"] >= 0) and np.all(rows["size"] <= 10)
+    assert np.all(np.isnan(rows["exact_threshold"][:, :4])) and not np.any(np.isnan(rows["exact_threshold"][:, 4:]))
+    dp = labels.index("dp-sigma=0.5/target 4")
+    assert attrs["cases"][dp] == {"label": "dp-sigma=0.5/target 4", "method": "dp", "target": 4, "sigma_g": 0.5,
+                                  "weights": "exact counts", "delta": 1e-5, "count_noise": 0.0,
+                                  "count_noise_epsilon": 0.0}
+    eps, lam_max = rows["epsilon"][:, dp], rows["lambda_max"][:, dp]
+    want = ls.epsilon_for_sigma(0.5, 1e-5, 20, 2, 10, 10, float(lam_max[0, 0]))
+    assert eps[0, 0] == pytest.approx(want)
+    privacy = privacy_summary(attrs["cases"], rows)["dp-sigma=0.5/target 4"]
+    assert privacy["epsilon_per_query"] == pytest.approx(eps.max())
+    assert privacy["epsilon_composed"] == pytest.approx(eps.sum(axis=-1).max()) and privacy["delta_composed"] == 1e-4
+    # Protocol bytes per client and trial: counts (1 weight source x 10 labels x 8 bytes), weight sums
+    # (1 source x 1 target x 10 labels x 8), Algorithm 1: T rounds x (Delta q, Delta qbar) x 20 columns
+    # (2 variants x 10 labels) x 8 bytes. The scores the baselines pool are not protocol traffic.
+    assert np.all(comm["bytes_sent"] == 80 + 80 + 20 * 2 * 20 * 8)
+    # the server, to each of 10 agents: weights (10 labels), subsample sizes (10 labels x 10 agents),
+    # sigma_g (20 columns), q_t (20 columns, T rounds) and the result (20 columns), 8 bytes each
+    assert np.all(comm["server_bytes_sent"] == 10 * 8 * (10 + 100 + 20 + 20 * 20 + 20))
+    # the same batch in this process: Algorithm 1's phase alone, and the same rows
+    job = prepare([*argv, "--out", tmp_path / "unused.h5"])
+    again = job.run_batch([0, 1, 2])
+    assert np.all(job.net.ledger.phase_bytes("labelshift/fedavgqe") == 3 * 20 * 2 * 20 * 8)
+    for t, row in enumerate(again):
+        for k, v in row.items():
+            assert np.array_equal(v, rows[k][t], equal_nan=True), k
 
 
 def test_results_do_not_depend_on_trial_batch(logits_npz, tmp_path):
-    common = ["--logits", str(logits_npz), "--trials", "3", *FAST, "--sigma-g", "1", "--count-noise", "2"]
+    common = ["--logits", logits_npz, "--trials", "3", *FAST, "--sigma-g", "1", "--count-noise", "2", "--quiet"]
     a, b = tmp_path / "a.h5", tmp_path / "b.h5"
-    assert ls.main([*common, "--trial-batch", "1", "--out", str(a)]) == 0
-    assert ls.main([*common, "--trial-batch", "3", "--out", str(b)]) == 0
-    da, db = _read(a)[0], _read(b)[0]
-    assert da.keys() == db.keys()
-    for k in da:
-        assert np.array_equal(da[k], db[k]), k
+    labelshift(*common, "--trial-batch", "1", "--out", a)
+    labelshift(*common, "--trial-batch", "3", "--out", b)
+    assert_same_rows(a, b)
+
+
+STOP_AFTER_FIRST_BATCH = """
+import os, signal, sys
+from fedring.conformal.labelshift import task
+original = task.LabelShiftJob.run_batch
+def run_batch(self, trials):
+    rows = original(self, trials)
+    if trials[0] == 0:
+        os.kill(os.getpid(), signal.SIGUSR1)  # as SLURM's --signal would: stop after this batch
+    return rows
+task.LabelShiftJob.run_batch = run_batch
+from fedring.cli import main
+sys.exit(main(["conformal", "labelshift", *sys.argv[1:]]))
+"""
+
+
+def test_stopped_and_resumed_run_has_the_rows_of_an_uninterrupted_one(tmp_path):
+    args = ["--trials", "5", "--trial-batch", "2", *FAST, "--sigma-g", "1", "--count-noise", "1", "--participants",
+            "1", "--targets", "all", "--quiet"]
+    whole, resumed = tmp_path / "whole.h5", tmp_path / "resumed.h5"
+    labelshift(*args, "--out", whole)
+    script = tmp_path / "stop.py"
+    script.write_text(STOP_AFTER_FIRST_BATCH)
+    proc = run_mpi(1, [str(script), *args, "--out", str(resumed)], check=False)
+    assert proc.returncode == 75, proc.stderr
+    with h5py.File(resumed, "r") as f:
+        assert f.attrs["status"] == "preempted" and f["calibration/trial"][()].tolist() == [0, 1]
+    labelshift(*args, "--out", resumed, "--resume")
+    assert read(resumed)[3]["status"] == "complete"
+    assert_same_rows(whole, resumed)
 
 
 def test_all_targets_and_partial_participation(tmp_path):
     out = tmp_path / "r.h5"
-    assert ls.main(["--trials", "2", *FAST, "--target", "all", "--participants", "1", "--method", "nonprivate", "unweighted-local", "--out", str(out)]) == 0
-    data = _read(out)[0]
-    assert data["nonprivate/coverage"].shape == (2, 2)
-    assert set(k.split("/")[0] for k in data) == {"nonprivate", "unweighted-local", "trial"}
+    labelshift("--trials", "2", *FAST, "--targets", "all", "--participants", "1", "--methods", "nonprivate",
+               "unweighted-local", "--out", out)
+    attrs, rows, _, _ = read(out)
+    assert rows["coverage"].shape == (2, 4)  # 2 trials x (2 targets x 2 methods)
+    assert {c["method"] for c in attrs["cases"]} == {"nonprivate", "unweighted-local"}
+    assert [c["target"] for c in attrs["cases"]] == [1, 1, 2, 2]
 
 
 def test_model_from_training_run(tmp_path):
@@ -141,40 +212,23 @@ def test_model_from_training_run(tmp_path):
     assert logits.shape == (labels.size, 10) and labels.size > 0
     saved = tmp_path / "saved.npz"
     out = tmp_path / "r.h5"
-    argv = ["--model-from", str(run), "--save-logits", str(saved), "--trials", "1", *FAST, "--method", "unweighted-global", "--out", str(out)]
-    assert ls.main(argv) == 0
+    labelshift("--model-from", run, "--save-logits", saved, "--trials", "1", *FAST, "--methods", "unweighted-global",
+               "--out", out)
     again = ls.load_logits_npz(str(saved))
     assert np.allclose(again[0], logits, atol=1e-5) and np.array_equal(again[1], labels)
 
 
-def _mpiexec():
-    exe = shutil.which("mpiexec")
-    if exe is None:
-        pytest.skip("mpiexec not found")
-    return exe
-
-
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install mpich)")
 @pytest.mark.parametrize("experiment", ["gaussians", "logits"])
 def test_same_results_on_one_and_two_ranks(experiment, logits_npz, tmp_path):
-    """Agents hosted 2/0 vs 1/1 (Gaussians) or 10 vs 5/5 (logits): identical files."""
-    exe = _mpiexec()
-    args = ["--trials", "2", *FAST, "--sigma-g", "2", "--count-noise", "1.5", "--trial-batch", "2"]
+    """Agents hosted 2/0 vs 1/1 (Gaussians) or 10 vs 5/5 (logits): identical rows and bytes."""
+    args = ["--trials", "2", *FAST, "--sigma-g", "2", "--count-noise", "1.5", "--trial-batch", "2", "--quiet"]
     if experiment == "logits":
-        args += ["--logits", str(logits_npz)]
+        args += ["--logits", logits_npz]
     else:
-        args += ["--participants", "1", "--target", "all"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    outs = []
-    for n in (1, 2):
-        out = tmp_path / f"n{n}.h5"
-        cmd = [exe, "-n", str(n), sys.executable, "-m", "fedring", "conformal", "labelshift", *args, "--out", str(out)]
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr
-        outs.append(_read(out))
-    (d1, r1, c1), (d2, r2, c2) = outs
-    assert d1.keys() == d2.keys()
-    for k in d1:
-        assert np.array_equal(d1[k], d2[k]), k
-    for k in c1:
-        if k.startswith("client_bytes"):
-            assert np.array_equal(c1[k], c2[k]), k  # the ledger counts logical clients, not ranks
+        args += ["--participants", "1", "--targets", "all"]
+    outs = [tmp_path / f"n{n}.h5" for n in (1, 2)]
+    for n, out in zip((1, 2), outs):
+        labelshift(*args, "--out", out, ranks=n)
+    assert [read(out)[3]["world_size"] for out in outs] == [1, 2]
+    assert_same_rows(*outs)

@@ -1,5 +1,6 @@
-"""PRISM-FCP numerical core: exact small vectors, the paper's checkable properties (spec §6,
-§5.5) and the filter's edge cases. Statistical checks state their false-alarm rate."""
+"""PRISM-FCP numerical core: exact small vectors, the paper's checkable properties and the
+filter's edge cases, the calibration attacks and the settings. Statistical checks state their
+false-alarm rate."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedring import prism_fcp as pf
+from fedring.conformal import prism as pf
 from fedring.conformal import split_conformal_quantile
+from fedring.conformal.prism.psofed import selection_masks
+from fedring.conformal.prism.task import settings
 from fedring.errors import ConfigError
 
 R2, RH = math.sqrt(2), math.sqrt(0.5)
@@ -100,7 +103,7 @@ def test_single_and_empty_clients():
     assert pf.robust_calibrate([[0.5]], 0.1, None).q == math.inf  # too few scores: +inf
 
 
-# ---- calibration attacks and §5.5 sanity checks C1-C3 ----------------------------------------
+# ---- calibration attacks and the sanity checks C1-C3 implied by Table I ----------------------------------------
 
 
 def test_attacks_exact():
@@ -152,14 +155,14 @@ def test_fcp_efficiency_and_coverage_attacks_C1_C2():
     assert q == np.sort(10 * true[byz].mean(axis=1))[10]  # 11th of 20 (ranks 80001..100000)
 
 
-# ---- spec §6 properties ---------------------------------------------------------------------
+# ---- the paper's properties ---------------------------------------------------------------------
 
 
 def test_P1_partial_sharing_attenuates_injected_energy():
     """Eqs. (23)-(24): E||S delta||^2 = M sigma_B^2, E||tau S delta||^2 = p_a M sigma_B^2."""
     D, M, var, pa, n = 50, 15, 0.1, 0.25, 100_000
     rng = np.random.default_rng(11)
-    idx = pf.selection_masks(rng, n, D, M)
+    idx = selection_masks(rng, n, D, M)
     delta = math.sqrt(var) * rng.standard_normal((n, D))
     energy = (np.take_along_axis(delta, idx, axis=1) ** 2).sum(axis=1)
     full = (delta ** 2).sum(axis=1)
@@ -173,12 +176,12 @@ def test_P1_partial_sharing_attenuates_injected_energy():
 
 def test_selection_masks_are_uniform_M_subsets():
     rng = np.random.default_rng(5)
-    idx = pf.selection_masks(rng, 20000, 10, 3)
+    idx = selection_masks(rng, 20000, 10, 3)
     assert idx.shape == (20000, 3) and np.all(np.diff(idx, axis=1) > 0)
     freq = np.bincount(idx.ravel(), minlength=10) / 20000  # each coordinate w.p. M/D = 0.3
     assert np.all(np.abs(freq - 0.3) < 4.5 * math.sqrt(0.3 * 0.7 / 20000))  # 1e-5 per coordinate
-    assert pf.selection_masks(rng, 2, 4, 4).tolist() == [[0, 1, 2, 3]] * 2
-    rr = pf.selection_masks(np.random.default_rng(0), 5, 10, 3, "roundrobin")
+    assert selection_masks(rng, 2, 4, 4).tolist() == [[0, 1, 2, 3]] * 2
+    rr = selection_masks(np.random.default_rng(0), 5, 10, 3, "roundrobin")
     for a, b in zip(rr[:-1], rr[1:]):  # S_{n+1} is S_n shifted by M (original PSO-Fed)
         assert set(b.tolist()) == {(i + 3) % 10 for i in a.tolist()}
 
@@ -262,28 +265,51 @@ def test_P13_coverage_bounds_monotone_and_vacuous():
     assert hi0 - lo0 == pytest.approx(80 / 1080 - 1 / 1080)
 
 
-# ---- config validation ---------------------------------------------------------------------
+# ---- settings ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("key,kw", [
-    ("shared", {"shared": 0}), ("shared", {"shared": 51}), ("participants", {"participants": 101}),
-    ("byzantine", {"n_byzantine": 100}), ("step", {"step": -1.0}), ("alpha", {"alpha": 1.0}),
-    ("filter", {"filter": "krum"}), ("byz-persist", {"byz_persist": "yes"}), ("bins", {"bins": 0}),
-    ("attack-prob", {"attack_prob": 2.0}), ("coverage-on", {"coverage_on": "some"}),
+    ("prism.shared", {"shared": 0}), ("prism.shared", {"shared": 51}), ("prism.participants", {"participants": 101}),
+    ("prism.byzantine", {"byzantine": 100}), ("prism.step", {"step": -1.0}), ("prism.alpha", {"alpha": 1.0}),
+    ("prism.filter", {"filter": "krum"}), ("prism.byz_persist", {"byz_persist": "yes"}), ("prism.bins", {"bins": 0}),
+    ("prism.attack_prob", {"attack_prob": 2.0}), ("prism.coverage_on", {"coverage_on": "some"}),
+    ("prism.input_var", {"input_var": [0.2]}), ("prism.noise_var", {"noise_var": [0.02, 0.01]}),
+    ("prism.calib_attack", {"calib_attack": "coverag"}), ("prism.dim", {"dataset": "uci", "dim": 50, "standin": True}),
 ])
 def test_config_errors_name_the_setting(key, kw):
     with pytest.raises(ConfigError) as e:
-        pf.make_config("synthetic", **kw)
+        settings(**kw)
     assert e.value.key == key
 
 
 def test_profiles():
-    assert pf.make_config("synthetic", "stable").step == 0.01
-    fit = pf.make_config("synthetic")
+    assert settings(profile="stable").step == 0.01
+    fit = settings()
     assert (fit.profile, fit.step, fit.byz_persist, fit.local_updates) == ("paper-fit", 0.06, "sent", False)
-    assert pf.make_config("synthetic", "paper-match", step=0.03).step == 0.03
+    assert settings(profile="paper-match", step=0.03).step == 0.03
     with pytest.raises(ConfigError):
-        pf.make_config("synthetic", "fast")
+        settings(profile="fast")
     with pytest.raises(ConfigError) as e:
-        pf.make_config("uci")
-    assert e.value.key == "data-dir"
+        settings(dataset="uci")
+    assert e.value.key == "prism.data_dir"
+    uci = settings(dataset="uci", standin=True)
+    assert (uci.profile, uci.dim, uci.shared, uci.participants, uci.step) == ("uci", 81, 20, 20, 0.01)
+    # the random attack's sigma_C^2: a variance of 0.5, or (paper-fit) a standard deviation of 0.5
+    assert settings(profile="stable").attack_params("random") == {"variance": 0.5}
+    assert fit.attack_params("random") == {"variance": 0.25}
+    assert fit.attack_params("random", {"variance": 1.0}) == {"variance": 1.0}
+    assert fit.attack_params("coverage", {"factor": 5}) == {"factor": 5}
+
+
+def test_calibration_attack_registry():
+    assert list(pf.CALIB_ATTACKS) == ["coverage", "efficiency", "random"]
+    assert pf.make_calib_attack("none") is None
+    assert pf.make_calib_attack("random", {"variance": 0.25}).std == 0.5
+    benign = pf.make_calib_attack("coverage", {"mean": "benign"})
+    assert benign.knowledge == "omniscient" and pf.make_calib_attack("coverage").knowledge == "own"
+    for name, params, key in (("coverage", {"factr": 1.0}, "coverage.factr"),
+                              ("coverage", {"mean": "all"}, "coverage.mean"),
+                              ("random", {"variance": -1.0}, "random.variance"), ("krum", {}, "prism.calib_attack")):
+        with pytest.raises(ConfigError) as e:
+            pf.make_calib_attack(name, params)
+        assert e.value.key == key

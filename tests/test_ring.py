@@ -12,7 +12,7 @@ CLIENTS = [1, 2, 3, 5, 8, 17]
 
 
 def expected_bytes(n: int, d: int, itemsize: int) -> np.ndarray:
-    """Client i never sends chunk i+1 in reduce-scatter nor chunk i+2 in all-gather (BRACE spec §2.3)."""
+    """Client i never sends chunk i+1 in reduce-scatter nor chunk i+2 in all-gather (docs/brace.md)."""
     sizes = np.diff(chunk_bounds(d, n))
     i = np.arange(n)
     return itemsize * ((d - sizes[(i + 1) % n]) + (d - sizes[(i + 2) % n])) * (n > 1)

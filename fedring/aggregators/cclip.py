@@ -24,14 +24,15 @@ class CenteredClipping(Aggregator):
     r"""Centered clipping around the previous aggregate, optionally after bucketing.
 
     CClip_Q (FedSECA Supp. E.5, Eq. 26; the printed reference g^(t+1) is a typo for the
-    previous round's aggregate g^(t-1), spec A17):
+    previous round's aggregate g^(t-1), which the text names as the reference):
 
     .. math::
         v^{(q)} = v^{(q-1)} + \frac1K \sum_k (g_k - v^{(q-1)}) \min\Big(1, \frac{\tau}{\|g_k - v^{(q-1)}\|}\Big),
         \quad v^{(0)} = \tilde g^{(t-1)} \ (0 \text{ at } t = 1)
 
     ``bucketing="random"`` (CC-RandBucket, Eq. 27): shuffle the clients, average buckets of
-    S (the last bucket over its actual members, spec A13), then CClip_Q over the L = ceil(K/S)
+    S (the last bucket over its actual members, as the code does: the printed 1/S would halve
+    a one-client bucket), then CClip_Q over the L = ceil(K/S)
     bucket means. ``bucketing="sequential"`` (CC-SeqBucket, Eq. 28): sort the clients by
     cosine to the previous aggregate (identity order while it is 0), cut the sorted list
     into S groups of R = ceil(K/S), shuffle inside each group (as the code does), bucket r
@@ -44,7 +45,7 @@ class CenteredClipping(Aggregator):
     Parameters
     ----------
     tau : float
-        Clipping radius (100, FedSECA Supp. E.5-E.7; the H+ spec suggests 10).
+        Clipping radius (100, FedSECA Supp. E.5-E.7; the H+ paper gives none for its CClip).
     iters : int or None
         Clipping iterations Q: default 3 without bucketing, 1 with (FedSECA Supp. E.5-E.7).
     bucketing : {"none", "random", "sequential"}

@@ -82,10 +82,11 @@ class TrimmedMean(Aggregator):
     ----------
     trim : int or None
         Values dropped per side. Default: the declared f (ByzFL ``TrMean(f)``, fedlib,
-        FLDetector, BRACE spec).
+        FLDetector; the server is told the Byzantine count, as Fang et al. assume).
     fraction : float in [0, 0.5) or None
-        Alternative to ``trim``: b = floor(fraction * n) (Flower, FedML, FedSECA's CWTM with
-        beta = 0.2, spec A10). Give at most one of the two.
+        Alternative to ``trim``: b = floor(fraction * n) (Flower, FedML; FedSECA's CWTM is
+        fraction = 0.2, and since its printed normaliser K(1 - 2 beta) is not an integer for
+        K = 6, 7, the n - 2b values left are averaged). Give at most one of the two.
 
     Example
     -------

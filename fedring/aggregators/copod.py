@@ -48,14 +48,16 @@ class CopodDos(Aggregator):
         r = \tfrac12\big(\mathrm{COPOD}(M^S) + \mathrm{COPOD}(M^E)\big), \quad
         \lambda = \mathrm{softmax}(-r), \quad \tilde g = \sum_k \lambda_k x_k
 
-    The paper prints softmax(r), which would up-weight outliers; the sign is a typo (spec
-    A11). Both K x K matrices come from one Gram pass. Cosines of a zero vector are 0.
+    The paper prints softmax(r), which would give outliers the largest weights; the sign is
+    taken as a typo (the FedSECA code negates it too). Both K x K matrices come from one Gram
+    pass. Cosines of a zero vector are 0.
 
     Parameters
     ----------
-    variant : {"spec", "code"}
-        ``"spec"``: lambda = softmax(-(r^S + r^E)/2); ``"code"``: softmax(-(r^S + r^E)) as the
-        FedSECA code does (no halving).
+    variant : {"halved", "code"}
+        ``"halved"`` (default): lambda = softmax(-(r^S + r^E)/2), the paper's r (the mean of
+        the two outlier scores) with the sign corrected; ``"code"``: softmax(-(r^S + r^E)) as
+        the FedSECA code does (no halving).
 
     selected: lambda / max(lambda).
 
@@ -70,9 +72,9 @@ class CopodDos(Aggregator):
     name = "copod"
     selects = True
 
-    def __init__(self, f: int = 0, *, variant: str = "spec"):
+    def __init__(self, f: int = 0, *, variant: str = "halved"):
         super().__init__(f)
-        self.variant = choice("copod.variant", variant, ("spec", "code"))
+        self.variant = choice("copod.variant", variant, ("halved", "code"))
 
     def weights(self, G) -> np.ndarray:
         inner = G.inner()
@@ -82,7 +84,7 @@ class CopodDos(Aggregator):
         MS = 1.0 - np.clip(cos, -1.0, 1.0)
         ME = np.sqrt(G.sqdist())
         r = copod_scores(MS) + copod_scores(ME)
-        if self.variant == "spec":
+        if self.variant == "halved":
             r = 0.5 * r
         z = -r - (-r).max()
         lam = np.exp(z)

@@ -20,7 +20,7 @@ from ._kernels import (
 )
 from .base import AggregateResult, Aggregator, register
 
-# Table 1 of the paper: row -> switch settings (spec 2.7)
+# Table 1 of the paper: row -> switch settings (what each row computes: docs/fedseca.md)
 ABLATIONS: dict[str, dict] = {
     "full": {},
     "no_rho": {"rho": False},  # (w/o) Concordance Ratio: rho_k = 1
@@ -46,7 +46,7 @@ def concordance_votes(agree: np.ndarray) -> np.ndarray:
 
 @register
 class FedSECA(Aggregator):
-    r"""FedSECA (paper Sec. 4, Algorithm 1; spec 2.3).
+    r"""FedSECA (paper Sec. 4, Algorithm 1). Equations, switches and ablations: docs/fedseca.md.
 
     CRISE, from the raw gradients g_k:
 
@@ -72,11 +72,16 @@ class FedSECA(Aggregator):
     with the equation as a switch:
 
     - ``clamp_source``: "raw" clamps the raw g_k with mu from the clipped gradients
-      (Algorithm 1 line 39, code); "clipped" clamps the clipped g-hat_k (Eq. 9 as printed). Spec A1.
+      (Algorithm 1 line 39, code); "clipped" clamps the clipped g-hat_k (Eq. 9 as printed).
+      Two sources against one, and Table 1's near-equal "w/o Clamping" and "w/o Clip+Clamp"
+      rows are what the raw reading predicts (without clamping, clipping then does nothing).
     - ``election_source``: "raw" votes with sgn(g_k) (Eq. 6, the text, Algorithm 1);
-      "vrs" votes with sgn(g''_k) (the latest code). Spec A2.
-    - ``sparsify``: ">=" keeps |g| >= lambda_k (Algorithm 1); ">" as Eq. 10 prints. Spec A3.
-    - ``median``: "lower" (torch.median, the code; spec A5) or "average" for even K.
+      "vrs" votes with sgn(g''_k) (the latest code). The text insists the election uses the
+      original gradients.
+    - ``sparsify``: ">=" keeps |g| >= lambda_k (Algorithm 1); ">" as Eq. 10 prints. Only
+      values tied with lambda_k differ.
+    - ``median``: "lower" (torch.median, which the code uses) or "average" for even K; it
+      gives tau and mu^j.
 
     Parameters
     ----------
@@ -98,7 +103,7 @@ class FedSECA(Aggregator):
 
     Example
     -------
-    Identical clients (property 16 of the spec): rho = 1, nothing is clipped or clamped, the
+    Identical clients without zero coordinates: rho = 1, nothing is clipped or clamped, the
     result is (1 - beta) times the top-(1 - gamma) sparsified gradient:
 
     >>> FedSECA(gamma=0.5)(np.array([[1., -4, 2, -3], [1, -4, 2, -3]]))

@@ -1,5 +1,5 @@
 """FLDetector (Zhang, Cao, Jia, Gong, KDD 2022): detect clients whose updates an L-BFGS Hessian
-estimate cannot predict (FedSECA Supp. E.10, Eq. 33; spec A16)."""
+estimate cannot predict (FedSECA Supp. E.10, Eq. 33; the choices are in docs/fedseca.md)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,8 @@ class FLDetector(Aggregator):
         d_i^{(t)} = \|\hat g_i^{(t)} - g_i^{(t)}\|_2 \,/\, \textstyle\sum_j \|\hat g_j^{(t)} - g_j^{(t)}\|_2, \quad
         s_i^{(t)} = \frac1N \sum_{r=0}^{N-1} d_i^{(t-r)}
 
-    (the original FLDetector formulation; FedSECA's Eq. 33 prints H g_i^(t), spec A16). Once
+    (the original FLDetector formulation: FedSECA's Eq. 33 prints H g_i^(t), which does not
+    predict a gradient from the model's change, and a 1/T for the window N). Once
     N rounds of scores exist, the gap statistic decides whether the suspicion scores form
     more than one cluster; if so, exact 1-D 2-means splits them and the cluster with the
     higher mean suspicion is dropped. The output is the mean of the kept clients (FedAvg, as

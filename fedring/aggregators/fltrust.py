@@ -10,7 +10,7 @@ from .base import AggregateResult, Aggregator, register
 
 @register
 class FLTrust(Aggregator):
-    r"""FLTrust with the server's gradient g_0 on its small clean data set (H+ spec 3.1-6).
+    r"""FLTrust with the server's gradient g_0 on its small clean data set (a clean-data baseline of the H+ paper).
 
     .. math::
         TS_m = \mathrm{ReLU}(\cos(g_m, g_0)), \quad \bar g_m = \frac{\|g_0\|}{\|g_m\|} g_m, \quad

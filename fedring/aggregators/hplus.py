@@ -14,7 +14,8 @@ from .base import AGGREGATORS, AggregateResult, Aggregator, register
 def similarity_h(x: np.ndarray, Y: np.ndarray) -> np.ndarray:
     r"""The similarity check H(X, Y) of Eq. (10), reference first: :math:`\frac1r \sum_i \frac{|x_i|}{|y_i - x_i| + |x_i|}`.
 
-    Y is one vector or a matrix of rows; 0/0 terms (x_i = y_i = 0) count as 1 (spec A3).
+    Y is one vector or a matrix of rows. The paper leaves 0/0 (x_i = y_i = 0) undefined; such a
+    term counts as 1, since the two vectors agree there and 1 is the limit along y = x.
     H(x, 0) = 1/2 and H(x, -x) = 1/3 for x without zero coordinates:
 
     >>> similarity_h(np.array([1., 2.]), np.array([[0., 0.], [-1., -2.], [1., 2.]]))
@@ -38,13 +39,14 @@ def anomaly_scores(ref_seg: np.ndarray, segs: np.ndarray, rho: float, tau: float
 
 @register
 class HPlus(Aggregator):
-    r"""H+ (paper Sec. 4, Algorithms 1-2; spec 2.7).
+    r"""H+ (paper Sec. 4; Algorithms 1-2 of its Appendix C). Equations and choices: docs/hplus.md.
 
     In each of K repetitions, draw r coordinates, score every client by Eq. (13) against the
     reference vector g on those coordinates and keep the N best (Eq. 14, ties to the lower
     index). The output is the mean of the clients kept in all K repetitions (Eq. 15; uniform
     weights, since self-reported data sizes are not trusted). The reference only selects:
-    it is not averaged in (spec A11).
+    it is not averaged in, since Eq. (14) ranks the uploaded vectors only and Eqs. (15),
+    (18) and (19) average the selected uploads.
 
     Reference vector (Eq. 12 / Eq. 17):
 
@@ -53,8 +55,8 @@ class HPlus(Aggregator):
     - ``mode="clean"``: g = the server's gradient on its clean data, passed as ``reference``
       ("H+Clean data"; the clean set's size is the loop's ``server_samples``).
 
-    If the intersection is empty the round returns the reference vector (spec A8) and every
-    client's ``selected`` is 0.
+    If the intersection is empty (a case the paper does not cover) the round returns the
+    reference vector, the robust estimate at hand, and every client's ``selected`` is 0.
 
     Parameters
     ----------
@@ -74,7 +76,8 @@ class HPlus(Aggregator):
         and (10, 0.1) on Tiny-ImageNet and CIFAR-100.
     segments : {"random_coords", "contiguous"}
         "random_coords": K disjoint random sets of r coordinates, drawn in O(K r) (disjoint
-        when K r <= d); "contiguous": K slices of r coordinates at uniform random starts (spec A1).
+        when K r <= d); "contiguous": K slices of r coordinates at uniform random starts. The
+        paper's wording ("randomly partitioned", "slicing") fits both.
 
     selected: 1 for the clients in the final intersection.
     """

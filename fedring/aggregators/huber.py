@@ -22,7 +22,8 @@ class Huber(Aggregator):
 
     .. math:: c^{(r+1)} = \frac{\sum_k a_k x_k}{\sum_k a_k}, \quad a_k = \min\Big(1, \frac{\tau}{\max(\epsilon, \|c^{(r)} - x_k\|)}\Big)
 
-    starting at the mean (spec A15; the code starts at 0 in weight space).
+    starting at the mean, a point inside the data whatever the rows hold (the paper gives no
+    starting point; the FedSECA code starts at 0 in weight space).
 
     Parameters
     ----------

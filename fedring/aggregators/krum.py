@@ -11,7 +11,7 @@ from .base import AggregateResult, Aggregator, register
 
 # variant -> (distance, neighbours = n - f - offset); self is never its own neighbour
 KRUM_VARIANTS: dict[str, tuple[str, int]] = {
-    "paper": ("squared", 2),  # Blanchard et al. 2017, Flower, fedlib, FLDetector, FedSECA spec 3.1
+    "paper": ("squared", 2),  # Blanchard et al. 2017, Flower, fedlib, FLDetector, FedSECA Eq. 21
     "byzfl": ("squared", 1),  # ByzFL Krum: mean of the n - f - 1 smallest (same ranking as the sum)
     "flpoison": ("euclidean", 1),  # FLPoison krum_compute_scores, Garfield krum.py
     "fedml": ("euclidean", 0),  # FedML KrumDefense (survey version): n - f plain distances

@@ -12,7 +12,7 @@ from .base import AggregateResult, Aggregator, register
 
 @register
 class MCA(Aggregator):
-    r"""Maximum-correntropy centre (H+ spec 3.1-4).
+    r"""Maximum-correntropy centre (a base rule of the H+ paper's experiments).
 
     .. math::
         z = \arg\max_z \sum_m \exp\Big(-\frac{\|z - x_m\|^2}{2\sigma^2}\Big), \qquad
@@ -23,7 +23,7 @@ class MCA(Aggregator):
     Parameters
     ----------
     sigma : float or None
-        Kernel width. Neither the H+ paper nor this spec's sources give it; default None sets
+        Kernel width. The H+ paper does not give it; default None sets
         sigma = median_m ||x_m - x_med|| with x_med the medoid (the row with the least summed
         distance), a scale that outliers cannot inflate while they are a minority.
     iters : int

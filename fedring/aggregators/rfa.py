@@ -18,7 +18,7 @@ class GeoMed(Aggregator):
         z^{(r+1)} = \frac{\sum_i \beta_i x_i}{\sum_i \beta_i}, \qquad
         \beta_i = \frac{1}{\max(\nu, \|z^{(r)} - x_i\|_2)}
 
-    (RFA Algorithm 2 with uniform weights; FedSECA spec 3.4; H+ spec 3.1-3). Every iterate
+    (RFA Algorithm 2 with uniform weights; FedSECA Eq. 25; the H+ paper's GM). Every iterate
     is an affine combination of the rows, so after one Gram pass the iterations cost O(n^2)
     each, whatever their number; only the final point is materialised.
 

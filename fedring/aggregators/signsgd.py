@@ -27,7 +27,7 @@ def sign_sum(X: np.ndarray) -> np.ndarray:
 
 @register
 class SignSGD(Aggregator):
-    r"""Majority vote of the clients' signs (BRACE spec 4.5): :math:`\mathrm{sgn}\big(\sum_i \mathrm{sgn}(g_i)\big)`.
+    r"""Majority vote of the clients' signs (the BRACE paper's signSGD baseline): :math:`\mathrm{sgn}\big(\sum_i \mathrm{sgn}(g_i)\big)`.
 
     The output is in {-1, 0, +1} (0 on ties, sgn(0) = 0); the loop applies ``w <- w - lr * vector``.
 
@@ -45,7 +45,7 @@ class SignSGD(Aggregator):
 
 @register
 class RLR(Aggregator):
-    r"""Robust learning rate on the sign vote (BRACE spec 4.5, sign-aggregated RLR).
+    r"""Robust learning rate on the sign vote (sign-aggregated RLR, the form whose 1-bit cost the BRACE paper counts).
 
     .. math::
         S = \sum_i \mathrm{sgn}(g_i), \quad \rho_k = \begin{cases} +1 & |S_k| \ge \theta \\ -1 & \text{otherwise}\end{cases},
@@ -56,8 +56,8 @@ class RLR(Aggregator):
     Parameters
     ----------
     theta : int or None
-        Agreement threshold. Default None: ceil(0.2 n), the RLR paper's CIFAR-10 ratio (8 of 40)
-        and the BRACE spec's 20 of 100.
+        Agreement threshold. Default None: ceil(0.2 n), the ratio of the RLR authors' CIFAR-10
+        setting (8 of 40 agents); 20 for the BRACE paper's 100 clients (it gives no theta).
 
     Example
     -------

@@ -35,7 +35,8 @@ class RTiesMerge(Aggregator):
         Sparsification factor (0.9: keep the top 10 % magnitudes of each client).
     election : {"sign", "magnitude"}
         ``"sign"``: u from the raw sign counts (Eq. 30, the paper); ``"magnitude"``:
-        u = sgn(sum_k v_k), vanilla TIES as the FedSECA code does (spec A14).
+        u = sgn(sum_k v_k), vanilla TIES, which the FedSECA code uses although the text
+        rejects it (attackers can scale their magnitudes).
 
     Example
     -------

@@ -12,7 +12,7 @@ from .base import AggregateResult, Aggregator, register
 
 @register
 class ZenoPP(Aggregator):
-    r"""Zeno++ score test against the server's clean gradient v (H+ spec 3.1-7, A23).
+    r"""Zeno++ score test against the server's clean gradient v (a clean-data baseline of the H+ paper).
 
     Each upload is rescaled to the reference norm, :math:`\tilde g_m = \frac{\|v\|}{\|g_m\|} g_m`,
     scored by the estimated descent :math:`\mathrm{score}_m = \gamma \langle v, \tilde g_m\rangle - \rho \|\tilde g_m\|^2`
@@ -31,7 +31,7 @@ class ZenoPP(Aggregator):
 
     ``reference`` is the server's gradient on its clean set (``server_samples``).
 
-    Neither the H+ paper nor its spec gives rho and eps for Zeno++; these defaults accept a
+    The H+ paper gives no rho and eps for Zeno++; these defaults accept a
     rescaled upload when cos(g_m, v) >= rho / gamma - eps / ||v||^2.
 
     selected: 1 for accepted uploads.

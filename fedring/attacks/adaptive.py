@@ -29,10 +29,13 @@ _OWN = {
 
 
 def brace_closed_form(honest: np.ndarray) -> np.ndarray:
-    r"""BRACE spec §5.7 default: :math:`\mu - 1.001\,\|\mu\|_\infty\,\operatorname{sign}(\mu)`.
+    r"""The default attack on BRACE: :math:`\mu - 1.001\,\|\mu\|_\infty\,\operatorname{sign}(\mu)`.
 
     The smallest vector of the inverse-sign family whose sign is −sign(μ) on every coordinate
-    with μ_k ≠ 0, so each attacker votes against the benign direction everywhere.
+    with μ_k ≠ 0, so each attacker votes against the benign direction everywhere. The BRACE
+    paper only says its attack follows Shejwalkar & Houmansadr and is tailored to BRACE; since
+    each attacker moves a vote count by at most one and BRACE is monotone in the count, this
+    sign pattern turns the most coordinates away from sign(μ) (docs/brace.md).
     """
     mu = honest.mean(axis=0)
     return mu - 1.001 * np.abs(mu).max() * np.sign(mu)
@@ -60,7 +63,7 @@ def brace_margin_flips(byz: np.ndarray, honest: np.ndarray, lam: float, budget: 
 
 def line_maximize(objective: Callable[[float], float], evals: int = 16, start: float = 0.0,
                   delta: float = 1.0, ratio: float = 0.8) -> float:
-    """Best-effort argmax over γ >= 0 by exploration (ByzFL's ``LineMaximize``).
+    """Best-effort argmax over γ >= 0 by exploration: ByzFL's ``LineMaximize`` (releases 0.0.1 to 0.0.9).
 
     Expansion: step right with a doubling step while the objective improves; then contraction:
     step towards the last proposal with the step shrunk by ``ratio`` each time, never below 0.
@@ -95,7 +98,11 @@ def line_maximize(objective: Callable[[float], float], evals: int = 16, start: f
 
 
 def direction(honest: np.ndarray, kind: str) -> np.ndarray:
-    """dev for the family μ − γ·dev: Min-Max's μ/‖μ‖, sign(μ), std (ddof 1), or μ itself (ByzFL's FoE)."""
+    """dev for the family μ − γ·dev: Min-Max's μ/‖μ‖, sign(μ), std (ddof 1), or μ itself.
+
+    With μ itself the family is (1 − γ)μ, ByzFL's ``FallOfEmpires(attack_factor=γ)`` (releases up
+    to 0.0.9).
+    """
     return honest.mean(axis=0) if kind == "mean" else perturbation(honest, kind)
 
 
@@ -103,7 +110,7 @@ def direction(honest: np.ndarray, kind: str) -> np.ndarray:
 class Adaptive(ModelAttack):
     r"""An attack that knows the defence.
 
-    ``target="brace"`` (BRACE spec §5.7; the BRACE paper's "Adaptive" column):
+    ``target="brace"`` (the BRACE paper's "Adaptive" column; the design is in docs/brace.md):
 
     * ``mode="closed_form"`` (default): every attacker sends
       :math:`\mu - 1.001\|\mu\|_\infty\operatorname{sign}(\mu)` (:func:`brace_closed_form`), which
@@ -121,9 +128,13 @@ class Adaptive(ModelAttack):
               - \mathrm{AGR}(g_{\mathcal B},\ g_{\mathcal H})\big\|_2
 
     i.e. the deviation of the defence's output (``ctx.aggregator``, attackers' rows first) from
-    its output had the attackers sent their honest gradients, found by ByzFL's line search
-    (:func:`line_maximize`; ByzFL's ``Optimal_ALIE`` / ``Optimal_FOE`` use the same search, and
-    ``perturbation="mean"`` is exactly Optimal_FOE's family).
+    its output had the attackers sent their honest gradients (Shejwalkar & Houmansadr's
+    AGR-tailored objective), found by :func:`line_maximize`. That search is ByzFL's
+    ``LineMaximize`` of releases 0.0.1 to 0.0.9, where it tuned the factor of ``FallOfEmpires``,
+    (1 − τ)μ (``perturbation="mean"`` is that family), or of ``LittleIsEnough``; ByzFL measured
+    the distance to the honest mean instead. ByzFL 0.0.10 and later have neither: their ``Optimal_InnerProductManipulation``
+    searches the family −τμ against the honest mean, stepping only upwards from the best point
+    once the expansion stops.
 
     Parameters
     ----------
@@ -133,14 +144,14 @@ class Adaptive(ModelAttack):
     budget : float in (0, 1], default 1  (brace, margin mode)
     perturbation : {"unit_vec", "sign", "std", "mean"}, default "unit_vec"  (generic)
     evals : int >= 1, default 16; start : float >= 0, default 0; delta : float > 0, default 1;
-    ratio : float in (0.5, 1), default 0.8  (generic: ByzFL's LineMaximize settings)
+    ratio : float in (0.5, 1), default 0.8  (generic: the defaults of ByzFL's LineMaximize)
 
     A parameter of the other target is refused.
 
     References
     ----------
-    Shejwalkar & Houmansadr, NDSS 2021 (AGR-tailored attacks); BRACE paper §5 and spec §5.7;
-    ByzFL ``byzfl/attacks/attack_optimizers.py`` (``LineMaximize``).
+    Shejwalkar & Houmansadr, NDSS 2021 (AGR-tailored attacks); BRACE paper §5; ByzFL 0.0.1 to
+    0.0.9, ``byzfl/attacker/attack_optimizers.py`` (``LineMaximize``).
 
     Examples
     --------

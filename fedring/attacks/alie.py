@@ -45,7 +45,7 @@ class ALIE(ModelAttack):
     .. math:: \tilde g_j = \mu + (z + \delta_j)\,\sigma, \qquad \delta_j \sim U(-\text{jitter}, \text{jitter})
 
     μ and σ are the coordinate-wise mean and standard deviation (``ddof``) of the honest
-    gradients (``stats="honest"``, the omniscient form FedSECA and the BRACE issue assume) or of
+    gradients (``stats="honest"``, the omniscient form FedSECA and H+ assume) or of
     the attackers' own pre-attack gradients (``stats="byzantine"``: Baruch et al.'s
     non-omniscient setting, knowledge ``collusion``). z defaults to :func:`alie_z` with n the
     number of clients and f the *actual* number of attackers (the attackers know how many they

@@ -1,5 +1,6 @@
 """Pixel-pattern backdoor with model replacement (Bagdasaryan et al., AISTATS 2020), and its
-success rate. Trigger, target and scaling follow the Fang-lineage FedSGD form (BRACE spec §5.6).
+success rate. The BRACE paper cites only Bagdasaryan et al., so trigger, target and scaling follow
+the FedSGD form of the Fang/FLDetector code (docs/attacks.md).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Backdoor(DataAttack):
     ----------
     E. Bagdasaryan, A. Veit, Y. Hua, D. Estrin, V. Shmatikov, "How To Backdoor Federated
     Learning", AISTATS 2020; trigger, target 0, half batch, scale n: FLDetector
-    (``train_mnist.py``, ``train_cifar.py``, ``byzantine.py``), BRACE spec §5.6.
+    (``train_mnist.py``, ``train_cifar.py``, ``byzantine.py``).
 
     Examples
     --------

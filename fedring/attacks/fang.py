@@ -3,8 +3,9 @@
 Fang et al. craft local *models* w'. With FedSGD (w <- w - lr * aggregate) a model w' is the
 gradient (w - w') / lr, so the paper's parameter-space quantities translate as: the change
 direction s_Fang = -sign(sum of gradients), a model distance D(w_i, w_l) = lr * ||g_i - g_l||,
-and Krum's choice is unchanged (distances scale by lr^2). The BRACE spec §5.3-5.4 gives this
-translation; the λ search follows the FLDetector/FLPoison code (halving, stop below 1e-5).
+and Krum's choice is unchanged (distances scale by lr^2). Public Fang-lineage code crafts its
+gradients the same way (``-(direction * lambda) / lr``); the λ search follows the
+FLDetector/FLPoison code (halving, stop below 1e-5).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class FangKrum(ModelAttack):
     References
     ----------
     M. Fang, X. Cao, J. Jia, N. Gong, "Local Model Poisoning Attacks to Byzantine-Robust
-    Federated Learning", USENIX Security 2020, Section 4.2; BRACE spec §5.3.
+    Federated Learning", USENIX Security 2020, Section 4.2.
     """
 
     name = "fang_krum"
@@ -160,7 +161,7 @@ class FangKrum(ModelAttack):
 class FangTrim(ModelAttack):
     r"""Fang et al.'s attack on trimmed mean / median: push every coordinate past the extremes.
 
-    Full knowledge (BRACE spec §5.4, §5.8): with :math:`s = \operatorname{sign}(\sum_i g_i)` over
+    Full knowledge (Fang's Section 4.3 rule in gradient form): with :math:`s = \operatorname{sign}(\sum_i g_i)` over
     all pre-attack gradients, per coordinate k
 
     .. math:: \text{base}_k = \begin{cases}\min_i g_{ik} & s_k > 0\\ \max_i g_{ik} & \text{otherwise}\end{cases}
@@ -183,7 +184,7 @@ class FangTrim(ModelAttack):
 
     References
     ----------
-    Fang et al., USENIX Security 2020, Section 4.3; BRACE spec §5.4.
+    Fang et al., USENIX Security 2020, Section 4.3.
     """
 
     name = "fang_trim"

@@ -20,8 +20,9 @@ class Gaussian(ModelAttack):
     Parameters
     ----------
     sigma : float, default 200
-        Standard deviation (not variance). 200 is the Fang/Zeno-lineage value the BRACE spec
-        uses (§5.2); the H+ paper's "N(0, 90)" is ``sigma = sqrt(90)`` if 90 is a variance.
+        Standard deviation (not variance). 200 is the value of the Fang/Zeno-lineage code,
+        used for the BRACE paper's Gaussian attack, whose scale the paper does not give; the
+        H+ paper's "N(0, 90)" is ``sigma = sqrt(90)`` if 90 is a variance.
     mean : float, default 0
 
     References

@@ -15,8 +15,8 @@ class HPlusAttack(ModelAttack):
 
     The H+ paper designs it so that the norm penalty of similarity-based rules cannot help:
     the malicious vector has exactly the honest mean's norm. (The paper's clean-data variant
-    also averages the server's clean gradient g_0 in; fedring's server has no clean data, so
-    only the no-clean-data form is implemented.)
+    also averages the server's clean gradient g_0 in; fedring's attacks never see the server's
+    clean gradient, so only the no-clean-data form is implemented.)
 
     References
     ----------

@@ -63,7 +63,9 @@ class FoE(ModelAttack):
     .. math:: \tilde g_j = \frac{q}{h}\sum_{i\in\mathcal H} g_i = q\,\mu_{\mathcal H}
 
     H+ Appendix D uses q = −0.1 against every rule except MCA (q = −3h there, which equals its
-    sign-flip vector). ByzFL's ``FallOfEmpires(tau)`` is q = 1 − tau.
+    sign-flip vector). ByzFL's ``FallOfEmpires(attack_factor)`` (releases 0.0.1 to 0.0.9) is
+    q = 1 − attack_factor; ByzFL 0.0.10 and later have only ``InnerProductManipulation(tau)``,
+    q = −tau.
 
     Parameters
     ----------

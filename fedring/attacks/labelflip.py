@@ -1,4 +1,4 @@
-"""Label flipping (as in Yin et al., ICML 2018; mapping of ByzFL and the BRACE spec §5.1)."""
+"""Label flipping (as in Yin et al., ICML 2018) with ByzFL's map y -> L - 1 - y (the BRACE paper gives none)."""
 
 from __future__ import annotations
 

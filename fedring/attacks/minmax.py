@@ -33,7 +33,8 @@ def min_max_sum_gamma(honest: np.ndarray, kind: str, dev: np.ndarray, gamma_init
     :math:`\max_{i}\|\tilde g - g_i\|^2 \le \max_{i,j}\|g_i - g_j\|^2`;
     Min-Sum (eq. 5): :math:`\sum_i\|\tilde g - g_i\|^2 \le \max_i \sum_j \|g_i - g_j\|^2`
     (``bound="min"`` takes the minimum over i, as the authors' notebook does).
-    Search (``our_attack_dist`` / ``our_attack_score`` of the authors' code, BRACE spec §5.5)::
+    Search (``our_attack_dist`` / ``our_attack_score`` of the authors' code,
+    ``vrt1shjwlkr/NDSS21-Model-Poisoning``)::
 
         γ ← γ_init; step ← γ_init; γ_succ ← 0
         while |γ_succ − γ| > tol:
@@ -90,7 +91,7 @@ class MinMax(ModelAttack):
     References
     ----------
     V. Shejwalkar, A. Houmansadr, "Manipulating the Byzantine: Optimizing Model Poisoning Attacks
-    and Defenses for Federated Learning", NDSS 2021, Section IV; BRACE spec §5.5.
+    and Defenses for Federated Learning", NDSS 2021, Section IV.
 
     Examples
     --------
@@ -138,7 +139,7 @@ class MinSum(MinMax):
 
     References
     ----------
-    Shejwalkar & Houmansadr, NDSS 2021, eq. (5); BRACE spec §5.5.
+    Shejwalkar & Houmansadr, NDSS 2021, eq. (5).
     """
 
     name = "minsum"

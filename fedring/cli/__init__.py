@@ -20,9 +20,9 @@ USAGE = """usage: python -m fedring                        the headline experime
 SUBCOMMANDS = {
     ("bench", "comm"): ("fedring.bench.comm", "main"),
     ("bench", "aggregators"): ("fedring.bench.aggregators", "main"),
-    ("bench", "prism"): ("fedring.bench_prism", "main"),
-    ("conformal", "prism"): ("fedring.prism_fcp", "main"),
-    ("conformal", "labelshift"): ("fedring.fcp_label_shift", "main"),
+    ("bench", "prism"): ("fedring.bench.prism", "main"),
+    ("conformal", "prism"): ("fedring.conformal.prism.task", "main"),
+    ("conformal", "labelshift"): ("fedring.conformal.labelshift.task", "main"),
 }
 
 

@@ -94,10 +94,10 @@ def section_parser(task: str, schema: type, description: str) -> ArgumentParser:
     general_options(p)
     for f in dataclasses.fields(schema):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        shown = "none" if default is None else ", ".join(map(str, default)) if isinstance(default, list) else default
+        shown = "none" if default is None or default == [] else ", ".join(map(str, default)) if isinstance(default, list) else default
         help_text = f"{f.metadata.get('help', '')} (default {shown})".strip()
         flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
+        if f.type in ("bool", "bool | None"):
             p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif f.type.startswith("list"):
             p.add_argument(flag, dest=f.name, nargs="+", type=parse_value, metavar="V", help=help_text)

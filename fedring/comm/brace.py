@@ -1,8 +1,8 @@
 """BRACE: Byzantine-robust ring-all-reduce, and the sign-voting family over the same ring.
 
 Fang, Liu, Zhao, Liu, *Byzantine-Robust Federated Learning over Ring-All-Reduce
-Distributed Computing*, WWW Companion '25, doi:10.1145/3701716.3715491 (spec: BRACE spec
-§2-3). Every round the ``n`` clients of the logical ring run four phases (paper §3):
+Distributed Computing*, WWW Companion '25, doi:10.1145/3701716.3715491; docs/brace.md maps the
+paper onto this module. Every round the ``n`` clients of the logical ring run four phases (paper §3):
 
 I.   Quantization (local): ``q_i = sign(g_i)``, element-wise, in {-1, 0, +1}.
 II.  Share-Reduce: the ring reduce-scatter of :mod:`fedring.ring` on the ``q_i``; client ``i``
@@ -15,8 +15,9 @@ Every client then applies eq. (4), ``w <- w - eta * GAR``: no ``1/n`` factor, ev
 coordinate moves by exactly ``eta``.
 
 signSGD with majority vote (Bernstein et al. 2019) and sign-aggregated RLR (Ozdayi et al.
-2021) run the same phases I, II and IV; only the consensus map of phase III differs (the
-paper's §5 remark, spec §3.6, §4.5). :class:`SignVote` is the one implementation.
+2021) run the same phases I, II and IV; only the consensus map of phase III differs. The paper
+(§5.2) says both adapt to the ring at BRACE's cost; the sign-aggregated forms used here are the
+ones that fit it. :class:`SignVote` is the one implementation.
 
 Wire encodings (cheaper than the paper's accounting, which charges ``m = 32`` bits per count
 and 1 bit per consensus value, ``d (n - 1)(m + 1) / n`` bits per client):
@@ -71,13 +72,13 @@ honest addition after it are clipped to ``[-M, M]`` (``M`` = 127 for int8), as a
 wire format must (rather than widening the type, which would change the bytes measured);
 honest traffic never reaches the clip since ``|S| <= n <= M``.
 
-sign(0): ``sign_zero`` (0 by default, spec §3.2) is the vote of a coordinate that is exactly
-0 (or not finite: NaN or an infinity). With 0 such a client abstains; with +-1 every client votes, which is what makes
-the parity check possible.
+sign(0), which the paper never defines: ``sign_zero`` (0 by default, as ``np.sign``) is the vote
+of a coordinate that is exactly 0 (or not finite: NaN or an infinity). With 0 such a client
+abstains; with +-1 every client votes, which is what makes the parity check possible.
 
 Examples
 --------
-The paper's Fig. 1 gradients with lambda = 2 (spec §8 P5): ``S = [3, 1, 1]``.
+The paper's Fig. 1 gradients with lambda = 2 (the threshold of its Fig. 2): ``S = [3, 1, 1]``.
 
 >>> from mpi4py import MPI
 >>> from fedring.comm import Layout, Network
@@ -120,7 +121,7 @@ RULE_KEYS = {"brace": ("lambda", "rule"), "signsgd": (), "rlr": ("theta",)}
 def paper_bytes(n: int, d: int, m: int = 32) -> float:
     """The paper's per-client BRACE cost (Table 1), ``d (n - 1)(m + 1) / n`` bits, in bytes.
 
-    >>> paper_bytes(100, 139960)  # spec §2.3: 4,572,493.2 bits
+    >>> paper_bytes(100, 139960)  # 4,572,493.2 bits
     571561.65
     """
     return d * (n - 1) * (m + 1) / n / 8
@@ -221,11 +222,11 @@ class SignVote(RingRule):
 
     - ``brace``, ``rule=paper`` (default), eq. (1)-(3): ``+1 if S > lambda else -1``.
     - ``brace``, ``rule=symmetric``: ``+1 if S > lambda``, ``-1 if S < -lambda``, else 0. Not in
-      the paper (spec §3.2 ablation): weak agreement moves nothing instead of drifting by
+      the paper; an ablation in which weak agreement moves nothing instead of drifting by
       ``+eta``. Needs ``lambda >= 0``.
-    - ``signsgd``: ``sign(S)``, 0 on ties (spec §4.5, §9.9).
-    - ``rlr``: ``rho * sign(S)`` with ``rho = +1 if |S| >= theta else -1`` (sign-aggregated RLR,
-      spec §4.5): where too few clients agree the step is reversed.
+    - ``signsgd``: ``sign(S)``, 0 on ties (as the RLR authors' ``agg_sign``).
+    - ``rlr``: ``rho * sign(S)`` with ``rho = +1 if |S| >= theta else -1`` (sign-aggregated
+      RLR): where too few clients agree the step is reversed.
 
     Parameters
     ----------
@@ -237,9 +238,10 @@ class SignVote(RingRule):
         - ``lambda`` (brace): threshold, any finite number; default 5, the paper's value for
           n = 100.
         - ``rule`` (brace): ``"paper"`` (default) or ``"symmetric"``.
-        - ``theta`` (rlr): integer >= 0; default ``ceil(0.2 n)`` (spec §9.8: 20 of 100; the
-          RLR paper's CIFAR-10 ratio 8 of 40).
-        - ``sign_zero``: the value of sign(0): 0 (default, spec §3.2), 1 or -1.
+        - ``theta`` (rlr): integer >= 0; default ``ceil(0.2 n)``, the ratio of the RLR
+          authors' CIFAR-10 setting (8 of 40 agents): 20 for the BRACE paper's 100 clients,
+          for which it gives no theta.
+        - ``sign_zero``: the value of sign(0): 0 (default: the client abstains), 1 or -1.
         - ``check``: ``"off"`` (default) or ``"on"`` (also true/false): the Share-Reduce
           integrity check.
         - ``relay_attack``: ``"none"`` (default), ``"bias"`` or ``"flip"``.
@@ -346,7 +348,7 @@ class SignVote(RingRule):
         The aggregate is ``+1`` where positive, ``-1`` where not (and nonzero), 0 where not
         nonzero; the two-valued paper rule has no zero plane (None). Thresholds are compared as
         integers: ``S > lambda`` iff ``S > floor(lambda)`` for integer ``S``, clipped into the
-        count type (so lambda >= n gives all -1 and lambda < -n all +1: spec P8).
+        count type (so lambda >= n gives all -1 and lambda < -n all +1).
         """
         top = int(np.iinfo(S.dtype).max)
 
@@ -372,7 +374,7 @@ class SignVote(RingRule):
         return values if nonzero is None else values * nonzero
 
     def centralized(self, G: np.ndarray) -> np.ndarray:
-        """The same aggregate computed from all ``(n, d)`` inputs at once (spec §3.4), for checks."""
+        """The same aggregate from all ``(n, d)`` inputs at once, for checks and aggregator-aware attacks."""
         S = quantize(G, self.sign_zero, np.int8).sum(axis=0, dtype=np.int64)
         return self.consensus(S.astype(count_dtype(len(G)))).astype(np.float32)
 

@@ -2,7 +2,8 @@
 
 The ``n`` logical clients form a ring; client ``i`` sends only to ``i + 1`` and receives
 only from ``i - 1`` (mod ``n``). A ``d``-vector is cut into ``n`` contiguous chunks in
-``numpy.array_split`` order (BRACE spec §2.1, as baidu-allreduce does).
+``numpy.array_split`` order (the first ``d mod n`` chunks one element longer), as
+baidu-allreduce does; the BRACE paper only asks for "roughly equal-sized" chunks.
 
 - Reduce-scatter (the BRACE paper's *Share-Reduce*), steps ``s = 0 .. n-2``: client ``i``
   sends its partial sum of chunk ``(i - s) mod n``; the receiver adds it to its own. After
@@ -10,8 +11,9 @@ only from ``i - 1`` (mod ``n``). A ``d``-vector is cut into ``n`` contiguous chu
 - All-gather (*Share-Only*), steps ``s = 0 .. n-2``: client ``i`` sends the complete chunk
   ``(i + 1 - s) mod n``; the receiver overwrites its copy.
 
-Each client sends ``d - |C_{i+1}|`` elements in each phase, ``2 (n-1)/n d`` when ``n``
-divides ``d`` (spec §2.3). The order of the additions of every chunk is fixed by the ring,
+Client ``i`` sends ``d - |C_{i+1}|`` elements in reduce-scatter and ``d - |C_{i+2}|`` in
+all-gather, ``2 (n-1)/n d`` in all when ``n`` divides ``d`` (the BRACE paper's RAR cost,
+Table 1). The order of the additions of every chunk is fixed by the ring,
 not by how clients are spread over ranks, so results are bit-identical on any number of
 ranks.
 """

@@ -96,13 +96,14 @@ def partition_iid(n_samples: int, n_clients: int, rng: np.random.Generator) -> l
 
 
 def partition_fang(labels: np.ndarray, n_clients: int, q: float, rng: np.random.Generator) -> list[np.ndarray]:
-    """Fang et al. (2020) non-IID partition of degree ``q`` (BRACE spec §6.2).
+    """Fang et al. (2020) non-IID partition of degree ``q``, the one the BRACE paper uses (q = 0.5).
 
     Clients form ``C`` label groups; a sample of label ``l`` goes to group ``l`` with
     probability ``q`` and to each other group with probability ``(1 - q)/(C - 1)``, then to a
     uniformly random client of that group; finally client ids are permuted. ``q = 1/C`` is
-    IID. The group width is ``n/C`` as a float when ``C`` does not divide ``n`` (spec
-    ambiguity 23). Vectorised form of the reference loop, drawing from ``rng``.
+    IID. The group width is ``n/C`` as a float when ``C`` does not divide ``n``, as in the
+    reference loop (FLDetector's ``train_mnist.py``), which this vectorises: the same
+    distribution, drawn from ``rng`` in another order (docs/brace.md).
     """
     num_classes = int(labels.max()) + 1
     other = (1.0 - q) / (num_classes - 1)

@@ -10,11 +10,12 @@ from fedring.errors import ConfigError
 
 
 class FashionCNN(nn.Sequential):
-    """The BRACE paper's Fashion-MNIST CNN (spec §6.3): d = 139,960 parameters.
+    """The BRACE paper's Fashion-MNIST CNN (its §5.1): d = 139,960 parameters.
 
     Conv(1->30, 3x3) + ReLU, MaxPool 2, Conv(30->50, 3x3) + ReLU, MaxPool 2,
-    Linear(1250->100) + ReLU, Linear(100->10). Kernel sizes and padding follow the
-    Fang/FLTrust-lineage code (spec ambiguity 21); the paper gives only filter counts.
+    Linear(1250->100) + ReLU, Linear(100->10). The paper gives only the filter counts; the
+    3x3 kernels without padding and a pooling after each convolution are the layer list of the
+    Fang/FLTrust-lineage code (``get_cnn``). Other kernels would change d (docs/brace.md).
     """
 
     def __init__(self):

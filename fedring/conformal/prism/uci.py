@@ -1,21 +1,23 @@
-"""UCI Superconductivity data (Hamidieh 2018) and the PRISM-FCP non-IID client split.
+"""UCI Superconductivity data (Hamidieh 2018) and PRISM-FCP's non-IID client split (paper Sec. V-B).
 
 The UCI distribution's ``train.csv`` has 21,263 rows and 82 columns: 81 numeric features
 derived from the chemical formula (``number_of_elements`` and ten statistics of eight
-elemental properties) and the target ``critical_temp`` in Kelvin, last. This machine has no
-internet, so :func:`load_superconductivity` reads a local file; :func:`write_standin_csv`
-writes a synthetic file of the same shape and header for tests and demonstrations (its
-numbers are not the real data: results on it show the pipeline, not the paper's values).
+elemental properties) and the target ``critical_temp`` in Kelvin, last.
+:func:`load_superconductivity` reads a local copy (``--data-dir``); :func:`write_standin_csv`
+writes a synthetic file of the same shape and header for tests and demonstrations
+(``--standin``: its numbers are not the real data, so results on it show the pipeline, not
+the paper's values).
 
-Split (PRISM-FCP Sec. V-B, footnote 3): features standardized, target z-normalized
-(statistics of the whole file, kept to report widths in Kelvin); the target is cut into 10
+Split (paper Sec. V-B, footnote 3): features standardized, target z-normalized (statistics
+of the whole file, kept to report widths in Kelvin); the target is cut into 10
 equal-frequency bins; client ``k`` draws mixing proportions ``pi_k ~ Dir(0.5 * 1_10)`` and
 receives 3,000 samples, ``Multinomial(3000, pi_k)`` per bin, each drawn uniformly with
 replacement from its bin (overlap across clients is permitted; with replacement because a
-client may need more than one bin's ~2,126 rows), then split at random into
-1,000 train / 1,000 calibration / 1,000 test. [INTERP, spec §4.2: multinomial counts, draws
-with replacement, whole-file statistics, rank-based deciles so the bins hold equal counts
-even where ``critical_temp`` has ties.]
+client may need more than one bin's ~2,126 rows), then split at random into 1,000 train /
+1,000 calibration / 1,000 test. The paper names the ingredients but not the mechanics: the
+multinomial counts, the draws with replacement, the whole-file statistics and the rank-based
+deciles (equal counts even where ``critical_temp`` has ties) are this module's reading
+(``docs/prism-fcp.md``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from fedring.errors import ConfigError
 N_ROWS = 21263
 N_FEATURES = 81
 TARGET = "critical_temp"
+#: the setting that names the file, in error messages
+DATA_DIR = "prism.data_dir"
 _PROPERTIES = ("atomic_mass", "fie", "atomic_radius", "Density", "ElectronAffinity",
                "FusionHeat", "ThermalConductivity", "Valence")
 _STATISTICS = ("mean", "wtd_mean", "gmean", "wtd_gmean", "entropy", "wtd_entropy",
@@ -53,16 +57,16 @@ class Superconductivity:
 
 def superconductivity_file(path: str | Path) -> Path:
     """The ``train.csv`` at ``path`` (a file or the folder holding it), after checking that
-    it exists and has the UCI header shape; raises ``ConfigError('data-dir', ...)``."""
+    it exists and has the UCI header shape; raises ``ConfigError('prism.data_dir', ...)``."""
     p = Path(path)
     if p.is_dir():
         p = p / "train.csv"
     if not p.is_file():
-        raise ConfigError("data-dir", f"no UCI Superconductivity train.csv at {p}")
+        raise ConfigError(DATA_DIR, f"no UCI Superconductivity train.csv at {p}")
     with p.open(newline="") as fh:
         header = [h.strip() for h in next(csv.reader(fh), [])]
     if len(header) != N_FEATURES + 1 or header[-1] != TARGET:
-        raise ConfigError("data-dir", f"{p} is not the UCI Superconductivity train.csv: expected "
+        raise ConfigError(DATA_DIR, f"{p} is not the UCI Superconductivity train.csv: expected "
                           f"{N_FEATURES + 1} columns ending in {TARGET!r}, got {len(header)}")
     return p
 
@@ -70,14 +74,14 @@ def superconductivity_file(path: str | Path) -> Path:
 def load_superconductivity(path: str | Path) -> Superconductivity:
     """Read the UCI ``train.csv`` (header row, 81 feature columns, ``critical_temp`` last).
 
-    Raises ``ConfigError('data-dir', ...)`` if the file is missing or has the wrong shape.
+    Raises ``ConfigError('prism.data_dir', ...)`` if the file is missing or has the wrong shape.
     """
     p = superconductivity_file(path)
     with p.open(newline="") as fh:
         header = [h.strip() for h in next(csv.reader(fh))]
     raw = np.loadtxt(p, delimiter=",", skiprows=1, dtype=np.float64, ndmin=2)
     if raw.shape[1] != N_FEATURES + 1 or raw.shape[0] < 10:
-        raise ConfigError("data-dir", f"{p}: expected >= 10 rows of {N_FEATURES + 1} numbers, "
+        raise ConfigError(DATA_DIR, f"{p}: expected >= 10 rows of {N_FEATURES + 1} numbers, "
                           f"got shape {raw.shape}")
     x, t = raw[:, :-1], raw[:, -1]
     sd = x.std(axis=0)
