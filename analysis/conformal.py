@@ -42,6 +42,7 @@ def read_conformal(path: Path) -> tuple[list[dict] | None, str | None]:
             return None, f"not complete (status = {status})"
         if "calibration" not in f:
             return None, "no /calibration (not a conformal run)"
+        seed = json.loads(f.attrs.get("config", "{}")).get("seed")
     from fedring.conformal.trials import read_calibration  # imports mpi4py: only when needed
 
     try:
@@ -56,7 +57,7 @@ def read_conformal(path: Path) -> tuple[list[dict] | None, str | None]:
         return None, (f"/calibration: coverage {coverage.shape} and size {size.shape} are not (trials, {len(cases)} cases)")
     if coverage.shape[0] == 0:
         return None, "/calibration has no trials"
-    base = {"file": str(path), "run": path.stem}
+    base = {"file": str(path), "run": path.stem, "seed": seed}
     settings = json.dumps(attrs.get("settings", {}), sort_keys=True)
     rows = []
     for j, case in enumerate(cases):
@@ -113,7 +114,7 @@ def conformal_table(df: pd.DataFrame, digits: int = 2) -> tuple[str, pd.DataFram
     constant = [c for c in df.columns if c not in (*RESULT_COLUMNS, "file", "run", "settings", *describe)]
     same = "; ".join(f"{c} = {text(df[c].iloc[0])}" for c in constant if text(df[c].iloc[0]))
     caption = (f"Coverage (%) and {'size (interval width or set size: Size kind)' if mixed_kinds else size}, "
-               "mean ± sd over the trials; target coverage 100 (1 - alpha) %" + (f". Every row: {same}" if same else "") + ".")
+               "mean ± sd over the trials; Target = 100 (1 - alpha) %" + (f". Every row: {same}" if same else "") + ".")
     csv = df.drop(columns=["file"]).set_index("run")
     csv = csv.assign(**{c: csv[c].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
                         for c in csv.columns if csv[c].map(lambda v: isinstance(v, (list, dict))).any()})

@@ -91,6 +91,7 @@ from .config import (
 )
 from .errors import ConfigError
 from .results import read_checkpoint
+from .tasks import TASKS
 
 #: the job scripts and the grids shipped with fedring (the repository's jobs/, installed as package data)
 JOBS_DIR = Path(__file__).parent / "jobs"
@@ -377,7 +378,8 @@ def states(sweep: Sweep) -> list[tuple[str, str]]:
         if diff:
             out.append(("conflict", "; ".join(diff)))
         elif st.kind in ("preempted", "failed", "running"):
-            out.append((st.kind, f"{st.rounds_completed}/{cfg.rounds} rounds" + (", checkpoint" if st.checkpoint else "")))
+            total, unit = TASKS[cfg.task].steps(cfg)
+            out.append((st.kind, f"{st.rounds_completed}/{total} {unit}" + (", checkpoint" if st.checkpoint else "")))
         else:
             out.append((st.kind, st.detail))
     return out

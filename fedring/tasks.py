@@ -35,6 +35,11 @@ class Task:
         raise NotImplementedError
 
     @staticmethod
+    def steps(cfg: Config) -> tuple[int, str]:
+        """How many steps the run has and what they are (``(300, "rounds")``, ``(100, "trials")``)."""
+        raise NotImplementedError
+
+    @staticmethod
     def banner(cfg: Config, world_size: int) -> str:
         """One line saying what runs (printed by rank 0 before any work)."""
         raise NotImplementedError

@@ -215,7 +215,7 @@ def test_conformal_table_reads_the_calibration_layout(tmp_path):
     # (0.875 + 0.9375) / 2 = 90.625%, sd 0.0625 / sqrt(2) = 4.42%; sizes 2 and 3: 2.5 ± 0.71
     assert markdown == (
         "Coverage (%) and size (interval width or set size: Size kind), mean ± sd over the trials; "
-        "target coverage 100 (1 - alpha) %.\n\n"
+        "Target = 100 (1 - alpha) %. Every row: seed = 0.\n\n"
         "| run | label | method | target | epsilon | attack | shared | Coverage (%) | Size | Size kind | Trials | Target (%) |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         "| labelshift | weighted | weighted | 1 | 1 |  |  | 90.6 ± 4.4 | 2.50 ± 0.71 | set size | 2 | 90 |\n"
@@ -229,8 +229,8 @@ def test_conformal_table_reads_the_calibration_layout(tmp_path):
     # one file: the kind of size is the column's name; the keys the cases share are in the caption
     markdown, _ = conformal_table(load_conformal([tmp_path / "prism.h5"])[0])
     assert markdown == (
-        "Coverage (%) and interval width, mean ± sd over the trials; target coverage 100 (1 - alpha) %. "
-        "Every row: attack = coverage.\n\n"
+        "Coverage (%) and interval width, mean ± sd over the trials; Target = 100 (1 - alpha) %. "
+        "Every row: seed = 0; attack = coverage.\n\n"
         "| label | method | shared | Coverage (%) | Interval width | Trials | Target (%) |\n"
         "|---|---|---|---|---|---|---|\n"
         "| FCP | fcp | 50 | 100.0 ± 0.0 | 9.00 ± 1.41 | 2 | 80 |\n"

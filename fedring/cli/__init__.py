@@ -10,19 +10,21 @@ import importlib
 import os
 import sys
 
-USAGE = """usage: python -m fedring                        the headline experiment (BRACE vs ring-all-reduce under attack)
-       python -m fedring [run] [options]        federated training (python -m fedring run --help)
-       python -m fedring bench comm|aggregators|prism [options]
-       python -m fedring conformal prism|labelshift [options]
-       python -m fedring sweep GRID.toml [--dry-run|--submit|--local] [options]"""
+USAGE = """usage: python -m fedring [--overwrite]          the headline job: ring-all-reduce and BRACE under attack (docs/brace.md)
+       python -m fedring [run] [options]        one run of any task; training by default (python -m fedring run --help)
+       python -m fedring conformal prism|labelshift [options]   federated conformal prediction (... --help)
+       python -m fedring bench comm|aggregators|prism [options] benchmarks that print measured ratios (... --help)
+       python -m fedring sweep GRID.toml [--dry-run|--submit|--local] [options]   grids of runs, on SLURM or here
 
-# subcommand -> (module, function), imported only when used
+docs/cli.md lists every command and setting."""
+
+# subcommand -> (module, function, one line), imported only when used
 SUBCOMMANDS = {
-    ("bench", "comm"): ("fedring.bench.comm", "main"),
-    ("bench", "aggregators"): ("fedring.bench.aggregators", "main"),
-    ("bench", "prism"): ("fedring.bench.prism", "main"),
-    ("conformal", "prism"): ("fedring.conformal.prism.task", "main"),
-    ("conformal", "labelshift"): ("fedring.conformal.labelshift.task", "main"),
+    ("bench", "comm"): ("fedring.bench.comm", "main", "ring-all-reduce and the sign rules vs MPI's Allreduce"),
+    ("bench", "aggregators"): ("fedring.bench.aggregators", "main", "every server rule on a large vector, vs the FedSECA paper's timings"),
+    ("bench", "prism"): ("fedring.bench.prism", "main", "PRISM-FCP over MPI vs one process"),
+    ("conformal", "prism"): ("fedring.conformal.prism.task", "main", "PRISM-FCP, Rob-FCP and FCP (task prism)"),
+    ("conformal", "labelshift"): ("fedring.conformal.labelshift.task", "main", "DP-FedCP under label shift (task labelshift)"),
 }
 
 
@@ -51,16 +53,24 @@ def main(argv: list[str] | None = None) -> int:
 
         return sweep_main(argv[1:])
     if argv and not argv[0].startswith("-") and argv[0] != "run":
-        key = tuple(argv[:2])
-        if key not in SUBCOMMANDS:
+        group = argv[0]
+        choices = {k[1]: v for k, v in SUBCOMMANDS.items() if k[0] == group}
+        if choices and (len(argv) < 2 or argv[1] in ("-h", "--help")):
+            if _launched_ranks()[0] == 0:
+                print(f"usage: python -m fedring {group} {'|'.join(choices)} [options]\n")
+                print("\n".join(f"  {name:<12} {line}" for name, (_, _, line) in choices.items()))
+            return 0 if len(argv) > 1 else 2
+        if tuple(argv[:2]) not in SUBCOMMANDS:
             if _launched_ranks()[0] == 0:
                 print(f"fedring: error: unknown command {' '.join(argv[:2])!r}\n{USAGE}", file=sys.stderr)
             return 2
-        module, fn = SUBCOMMANDS[key]
+        module, fn, _ = SUBCOMMANDS[tuple(argv[:2])]
         return getattr(importlib.import_module(module), fn)(argv[2:])
     from .run import headline, run
 
     try:
-        return run(argv[1:] if argv[:1] == ["run"] else argv) if argv else headline()
+        if argv in ([], ["--overwrite"]):  # the headline job; --overwrite replaces its earlier results
+            return headline(overwrite=bool(argv))
+        return run(argv[1:] if argv[:1] == ["run"] else argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 0

@@ -31,6 +31,7 @@ from fedring.sweep import (
     tasks_file,
     write_configs,
 )
+from fedring.tasks import TASKS
 
 # ---------------------------------------------------------------------------------------------
 # What a job does with its results file (called by jobs/run.sbatch)
@@ -79,7 +80,7 @@ def plan(argv: list[str], world_size: int, restart: bool) -> list[str] | None:
         say("complete: nothing to do")
         return None
     if state.checkpoint:
-        say(f"{state.kind} after {state.rounds_completed} rounds: resuming from its checkpoint")
+        say(f"{state.kind} after {state.rounds_completed} {TASKS[cfg.task].steps(cfg)[1]}: resuming from its checkpoint")
         return [*args, "--resume"]
     say(f"{state.kind} without a checkpoint: starting afresh")
     return [*args, "--overwrite"]

@@ -103,6 +103,10 @@ class TrainTask(Task):
         return f"results/{cfg.topology}-{cfg.aggregator}{attack}-{cfg.dataset}-n{cfg.clients}-seed{cfg.seed}.h5"
 
     @staticmethod
+    def steps(cfg: Config) -> tuple[int, str]:
+        return cfg.rounds, "rounds"
+
+    @staticmethod
     def banner(cfg: Config, world_size: int) -> str:
         b = byzantine_count(cfg)
         rule = cfg.aggregator + (f" ({cfg.section('brace').get('rule', 'paper')} rule)" if cfg.aggregator == "brace" else "")

@@ -336,6 +336,10 @@ class LabelShiftTask(Task):
         return f"results/labelshift-{settings_of(cfg).experiment}-s{cfg.seed}.h5"
 
     @staticmethod
+    def steps(cfg: Config) -> tuple[int, str]:
+        return settings_of(cfg).trials, "trials"
+
+    @staticmethod
     def banner(cfg: Config, world_size: int) -> str:
         s = settings_of(cfg)
         agents = f"{GaussianExperiment.n_agents} agents" if s.experiment == "gaussians" else "one agent per class"

@@ -218,6 +218,10 @@ class PrismTask(Task):
         return f"results/prism-{name}{data}-s{cfg.seed}.h5"
 
     @staticmethod
+    def steps(cfg: Config) -> tuple[int, str]:
+        return section_settings(PrismSettings, "prism", cfg.section("prism")).trials, "trials"
+
+    @staticmethod
     def banner(cfg: Config, world_size: int) -> str:
         from .experiment import METHOD_LABEL, TABLE_ATTACKS
 
