@@ -1,4 +1,4 @@
-"""IDX reading, partitions, and the missing-data message."""
+"""Data sets (IDX and CIFAR-10 files), partitions, and the missing-data messages."""
 
 import gzip
 
@@ -6,15 +6,9 @@ import numpy as np
 import pytest
 
 from fedring.errors import ConfigError
-from fedring.train.data import (
-    FMNIST_FILES,
-    FederatedData,
-    _checked,
-    fmnist_dir,
-    partition,
-    partition_fang,
-    read_idx,
-)
+from fedring.datasets.fashion_mnist import FILES as FMNIST_FILES
+from fedring.datasets.fashion_mnist import fmnist_dir, read_idx
+from fedring.train.data import FederatedData, _checked, partition, partition_fang
 
 
 def write_idx(path, array):
@@ -95,3 +89,25 @@ def test_missing_data_says_how_to_get_it(tmp_path):
 def test_empty_client_is_a_config_error():
     with pytest.raises(ConfigError, match=r"client\(s\) \[1\] received no training samples"):
         _checked([np.arange(3), np.array([], int)])
+
+
+def test_cifar10_from_its_python_batches_and_its_default_model(tmp_path):
+    """Small files in the standard format: labels, rows, scaling, and the model check."""
+    from fedring.datasets.cifar10 import TEST_FILE, TRAIN_FILES, CIFAR10, write_batch
+    from fedring.train.models import make_model
+
+    rng = np.random.default_rng(0)
+    for k, name in enumerate((*TRAIN_FILES, TEST_FILE)):
+        write_batch(tmp_path / name, rng.integers(0, 256, (4, 3, 32, 32)), [k, k + 1, k + 2, 3])
+    c = CIFAR10(str(tmp_path))
+    assert c.train_labels().tolist() == [0, 1, 2, 3, 1, 2, 3, 3, 2, 3, 4, 3, 3, 4, 5, 3, 4, 5, 6, 3]
+    images = c.train_images(np.array([1, 18]))
+    assert images.shape == (2, 3, 32, 32) and images.dtype == np.float32 and 0 <= images.min() <= images.max() <= 1
+    assert c.test_labels().tolist() == [5, 6, 7, 3]
+    data = FederatedData("cifar10", str(tmp_path), 4, range(0, 2), "iid", 0.5, seed=0)
+    assert [len(s.y) for s in data.shards] == [5, 5] and data.test.x.shape == (2, 3, 32, 32)
+    assert sum(p.numel() for p in make_model("cnn_cifar", 0, c.shape).parameters()) == 545_098
+    with pytest.raises(ConfigError, match=r"model: cnn takes 1x28x28 images, the data set has 3x32x32: set model = cnn_cifar"):
+        make_model("cnn", 0, c.shape)
+    with pytest.raises(ConfigError, match="data_dir: CIFAR-10 files data_batch_1"):
+        CIFAR10(str(tmp_path / "none"))

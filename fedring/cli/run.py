@@ -50,8 +50,9 @@ def run_parser() -> ArgumentParser:
     from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS
     from fedring.attacks import ATTACKS
     from fedring.comm import RING_RULES
+    from fedring.datasets import DATASETS
     from fedring.train.schedules import SCHEDULES
-    from fedring.train.task import DATASETS, PARTITIONS
+    from fedring.train.task import PARTITIONS
 
     d = Config()
     p = ArgumentParser(
@@ -72,8 +73,9 @@ def run_parser() -> ArgumentParser:
     add("--byzantine", type=float, metavar="X", help="Byzantine clients: a fraction (< 1, rounded) or a count (default 0)")
     add("--declared-f", dest="declared_f", type=int, metavar="F", help="the Byzantine count the defence is told (default: the actual count)")
     add("--attack", metavar="NAME", help=f"none, {', '.join(ATTACKS)} (default none); parameters as attack.KEY")
-    add("--dataset", help=f"{', '.join(DATASETS)} (default {d.dataset})")
-    add("--data-dir", dest="data_dir", metavar="DIR", help="Fashion-MNIST IDX files (default $FEDRING_DATA, else Debian's /usr/share/datasets/fashion-mnist)")
+    add("--dataset", help=f"{', '.join(DATASETS)} (default {d.dataset}); its default model fits its images")
+    add("--data-dir", dest="data_dir", metavar="DIR", help="the data set's files (Fashion-MNIST: default $FEDRING_DATA, else Debian's /usr/share/datasets/fashion-mnist; CIFAR-10: the cifar-10-batches-py folder)")
+    add("--model", metavar="NAME", help="the network: cnn (28x28 grey images; default) or cnn_cifar (32x32 colour: cifar10)")
     add("--partition", help=f"{', '.join(PARTITIONS)} (default {d.partition})")
     add("--noniid", type=float, metavar="X", help=f"Fang's degree q, or the Dirichlet alpha (default {d.noniid})")
     add("--rounds", type=int, metavar="R", help=f"communication rounds (default {d.rounds})")

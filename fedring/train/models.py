@@ -7,8 +7,13 @@ import torch
 from torch import nn
 
 from fedring.errors import ConfigError
+from fedring.registry import Registry
+
+#: the models, by name (setting ``model``)
+MODELS = Registry("model")
 
 
+@MODELS.register
 class FashionCNN(nn.Sequential):
     """The BRACE paper's Fashion-MNIST CNN (its §5.1): d = 139,960 parameters.
 
@@ -18,6 +23,9 @@ class FashionCNN(nn.Sequential):
     Fang/FLTrust-lineage code (``get_cnn``). Other kernels would change d (docs/brace.md).
     """
 
+    name = "cnn"
+    input_shape = (1, 28, 28)
+
     def __init__(self):
         super().__init__(
             nn.Conv2d(1, 30, 3), nn.ReLU(), nn.MaxPool2d(2),
@@ -26,17 +34,38 @@ class FashionCNN(nn.Sequential):
         )
 
 
-MODELS = {"cnn": FashionCNN}
+@MODELS.register
+class CifarCNN(nn.Sequential):
+    """A small CNN for 32x32 colour images (CIFAR-10): d = 545,098 parameters.
+
+    Conv(3->32, 3x3, pad 1) + ReLU, MaxPool 2, Conv(32->64, 3x3, pad 1) + ReLU, MaxPool 2,
+    Linear(4096->128) + ReLU, Linear(128->10): the size of FashionCNN's counterpart for
+    colour images, small enough for 100 clients on a CPU.
+    """
+
+    name = "cnn_cifar"
+    input_shape = (3, 32, 32)
+
+    def __init__(self):
+        super().__init__(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(4096, 128), nn.ReLU(), nn.Linear(128, 10),
+        )
 
 
-def make_model(name: str, seed: int) -> nn.Module:
-    """Build a model with PyTorch's default initialisation drawn from ``seed``."""
-    if name not in MODELS:
-        raise ConfigError("model", f"unknown model {name!r}; allowed: {', '.join(MODELS)}")
+def make_model(name: str, seed: int, image_shape: tuple[int, ...] | None = None) -> nn.Module:
+    """Build model ``name`` with PyTorch's default initialisation drawn from ``seed``; with
+    ``image_shape``, check that the model takes images of that shape."""
+    cls = MODELS.get(name, "model")
+    if image_shape is not None and tuple(image_shape) != cls.input_shape:
+        fits = [m for m, c in MODELS.items() if c.input_shape == tuple(image_shape)]
+        raise ConfigError("model", f"{name} takes {'x'.join(map(str, cls.input_shape))} images, the data set has "
+                                   f"{'x'.join(map(str, image_shape))}: set model = {' or '.join(fits) or '(none fits)'}")
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        return MODELS[name]()
+        return cls()
     finally:
         torch.random.set_rng_state(gen_state)
 

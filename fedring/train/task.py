@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from fedring import validate as check
 from fedring.config import Config, byzantine_count
+from fedring.datasets import DATASETS
 from fedring.errors import ConfigError
 from fedring.tasks import TASKS, Task
 
 TOPOLOGIES = ("ring", "server")
-DATASETS = ("fashion-mnist", "synthetic")
 PARTITIONS = ("iid", "fang", "dirichlet")
 
 
@@ -74,7 +74,7 @@ class TrainTask(Task):
     @staticmethod
     def validate(cfg: Config, world_size: int) -> None:
         check.choice("topology", cfg.topology, TOPOLOGIES)
-        check.choice("dataset", cfg.dataset, DATASETS)
+        DATASETS.get(cfg.dataset, "dataset")
         check.choice("partition", cfg.partition, PARTITIONS)
         if cfg.clients is None:
             cfg.clients = world_size

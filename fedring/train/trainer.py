@@ -21,6 +21,7 @@ from fedring.attacks import AttackContext, Backdoor, DataAttack, make_attack
 from fedring.comm import Layout, Network
 from fedring.comm.ring import RING_RULES
 from fedring.config import Config, byzantine_count, defence_f
+from fedring.datasets import DATASETS
 from fedring.errors import ConfigError
 from fedring.results import resume_point
 from fedring.rng import Stream, generator
@@ -158,7 +159,7 @@ class Trainer:
         self.cfg, self.comm = cfg, comm
         self.layout = Layout(cfg.clients, comm)
         self.net = Network(self.layout)
-        self.model = make_model(cfg.model, cfg.seed)
+        self.model = make_model(cfg.model, cfg.seed, DATASETS[cfg.dataset].shape)
         self.w = flatten(self.model)
         self.w0 = self.w.copy()  # the drift diagnostic measures w_t - w_0
         self.d = self.w.size

@@ -201,9 +201,8 @@ def logits_from_run(run_h5: str, data_dir: str | None = None) -> tuple[np.ndarra
 
     Rebuilds the model with :func:`fedring.train.models.make_model` from the run's ``config``
     attribute (``model``, ``seed``), loads the flat float32 parameters and evaluates the test set
-    of the run's data set with :mod:`fedring.train.data`'s preprocessing (pixels / 255): the
-    Fashion-MNIST IDX files (``data_dir``, else the run's ``data_dir``, ``$FEDRING_DATA`` or
-    Debian's path), or the synthetic set.
+    of the run's data set (:mod:`fedring.datasets`; its files from ``data_dir``, else the run's
+    ``data_dir`` or the data set's default location).
     """
     import h5py
 
@@ -220,7 +219,8 @@ def logits_from_run(run_h5: str, data_dir: str | None = None) -> tuple[np.ndarra
         raise ConfigError(key, f"cannot read {run_h5} as HDF5: {e}") from None
     import torch
 
-    from fedring.train import data, models
+    from fedring.datasets import DATASETS
+    from fedring.train import models
 
     model = models.make_model(config.get("model", "cnn"), int(config.get("seed", 0)))
     if flat.size != models.n_parameters(model):
@@ -228,13 +228,10 @@ def logits_from_run(run_h5: str, data_dir: str | None = None) -> tuple[np.ndarra
         name = config.get("model", "cnn")
         raise ConfigError(key, f"/model/final has {flat.size} values, model {name!r} needs {need}")
     models.load_flat(model, flat)
-    if config.get("dataset", "fashion-mnist") == "synthetic":
-        test = data.synthetic_set(int(config.get("seed", 0)))[1]
-        images, labels = test.x, test.y
-    else:
-        root = data.fmnist_dir(data_dir or config.get("data_dir"))
-        images = (data.read_idx(root / data.FMNIST_FILES["test_images"]).astype(np.float32) / 255.0)[:, None]
-        labels = data.read_idx(root / data.FMNIST_FILES["test_labels"]).astype(np.int64)
+    dataset = DATASETS.build(config.get("dataset", "fashion-mnist"), {}, key=key,
+                             data_dir=data_dir or config.get("data_dir"))
+    labels = dataset.test_labels()
+    images = dataset.test_images(np.arange(len(labels)))
     model.eval()
     with torch.no_grad():
         logits = np.concatenate(

@@ -1,0 +1,47 @@
+"""Labelled image data sets for training, one module each (discovered on import).
+
+A data set is a :class:`Dataset` registered in :data:`DATASETS` (``--dataset NAME``). Every
+rank reads the training labels (small) to compute the partition, then only the images of the
+clients it hosts (:class:`fedring.train.data.FederatedData`), so no rank holds the whole set.
+A new data set is one new module here (``docs/contributing.md``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedring.registry import Registry
+
+DATASETS = Registry("dataset")
+
+
+class Dataset:
+    """Base of the data sets: images as float32 in [0, 1], shape ``(k, *shape)``; labels int64.
+
+    Parameters come from the run: ``data_dir`` (``--data-dir``; each data set has its own
+    default location). ``model`` is the model that fits its images by default.
+    """
+
+    name = ""
+    shape: tuple[int, int, int] = (1, 28, 28)
+    classes = 10
+    model = "cnn"
+
+    def __init__(self, data_dir: str | None = None):
+        self.data_dir = data_dir
+
+    def train_labels(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def train_images(self, rows: np.ndarray) -> np.ndarray:
+        """The training images of the sorted sample indices ``rows``."""
+        raise NotImplementedError
+
+    def test_labels(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def test_images(self, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+DATASETS.discover(__name__, __path__)
