@@ -14,6 +14,7 @@ messages do (ledger phase in brackets; ``docs/labelshift.md``)::
                        lambda (eq. 14)                                        [labelshift/weight-sums]
     server -> agents   sigma_g of every run of Algorithm 1                   [labelshift/noise-scale]
     Algorithm 1        q_t down, (Delta q, Delta qbar) up, T rounds           [labelshift/fedavgqe]
+    server -> agents   the federated quantile Qhat of every run                [labelshift/fedavgqe-result]
 
 The calibration sizes ``N^i`` are public (the server needs them for the multinomial).
 

@@ -88,7 +88,7 @@ class LabelShiftSettings:
     logits: str | None = field(default=None, metadata={
         "help": "F.npz with arrays logits (N, C) and labels (N,) of a labelled test set"})
     model_from: str | None = field(default=None, metadata={
-        "help": "RUN.h5 of a fedring training run: its /model/final CNN on the Fashion-MNIST test set"})
+        "help": "RUN.h5 of a fedring training run: its /model/final model on its data set's test set"})
     save_logits: str | None = field(default=None, metadata={
         "help": "with --model-from: also save the logits it computes (F.npz)"})
     trials: int = field(default=100, metadata={"help": "independent trials (the paper: 1000)"})

@@ -56,7 +56,10 @@ class EfficiencyAttack(CalibrationAttack):
 
 @CALIB_ATTACKS.register
 class CoverageAttack(CalibrationAttack):
-    """Report every score as ``factor`` x a mean score (histogram ``e_H``): inflates the quantile.
+    """Report every score as ``factor`` x a mean score: inflates the quantile.
+
+    The attackers' histograms are one-hot far up (``e_H``, the last bin, for the attacker whose
+    reported score sets ``r_max``, or for all of them with ``mean = "benign"``).
 
     The paper's "10x the benign mean" is read by default as the attacker's own true mean
     score (``mean = "own"``: a Byzantine client's data are generated honestly, so its own

@@ -7,8 +7,9 @@ Byzantine clients report attacked scores once per attack (:mod:`.attacks`) and c
 each case over the network (:mod:`.calibration`). PRISM-FCP at ``M = D`` is therefore
 Rob-FCP exactly, and the attacks of a row differ in the reported scores only. The model used
 for calibration is the final global one, ``w_{N_iter}``. Coverage is measured by default on
-the benign clients' test data (``coverage_on = "benign"``), where split-conformal
-exchangeability holds exactly and the paper's trial-to-trial spread is reproduced; ``all``
+the benign clients' test data (``coverage_on = "benign"``): their test points are drawn like
+the benign calibration scores, so exchangeability holds up to the filter's choice of clients
+and the per-client pooling, and the paper's trial-to-trial spread is reproduced; ``all``
 evaluates every client's test data. ``docs/prism-fcp.md`` discusses both.
 """
 
@@ -105,7 +106,7 @@ def _scores(env: Environment, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def reported_scores(s: PrismSettings, env: Environment, cal: np.ndarray, attack: CalibrationAttack | None,
                     seed: int, trial: int, net: Network) -> np.ndarray:
-    """The scores the hosted clients report (Algorithm 2): the Byzantine ones' attacked.
+    """The scores the hosted clients report (Sec. II-E): the Byzantine ones' attacked.
 
     An omniscient attack learns the benign clients' mean score through the adversary's side
     channel (counted in the ledger, never in the protocol's bytes); the server adds the
@@ -224,17 +225,22 @@ def run_trial(s: PrismSettings, cases: list[dict], seed: int, trial: int, net: N
 # ---- summaries ----------------------------------------------------------------------------
 
 
+def _sd(x: np.ndarray) -> float:
+    """The sample standard deviation over trials (ddof 1, as ``python -m analysis`` reports it)."""
+    return float(np.std(x, ddof=1)) if len(x) > 1 else 0.0
+
+
 def summarize(rows: dict[str, np.ndarray], cases: list[dict]) -> list[dict]:
-    """Mean and standard deviation over trials per case (coverage in %; the MSE is averaged
-    over trials, then put in dB)."""
+    """Mean and sample standard deviation over trials per case (coverage in %; the MSE is
+    averaged over trials, then put in dB)."""
     out = []
     for i, c in enumerate(cases):
         col = {k: np.asarray(v)[:, i] for k, v in rows.items() if k != "trial"}
         mse = float(np.mean(10.0 ** (col["mse_db"] / 10)))
         out.append({
             "case": c, "trials": len(col["coverage"]),
-            "coverage": 100 * col["coverage"].mean(), "coverage_std": 100 * col["coverage"].std(),
-            "width": col["size"].mean(), "width_std": col["size"].std(),
+            "coverage": 100 * col["coverage"].mean(), "coverage_std": 100 * _sd(col["coverage"]),
+            "width": col["size"].mean(), "width_std": _sd(col["size"]),
             "mse_db": 10 * math.log10(mse) if mse > 0 else -math.inf,
             "tp": col["tp"].mean(), "fp": col["fp"].mean(),
             **{k: col[k].mean() for k in ("bytes_train_up", "bytes_train_down", "bytes_calib_up", "bytes_calib_down")},
@@ -242,8 +248,9 @@ def summarize(rows: dict[str, np.ndarray], cases: list[dict]) -> list[dict]:
     return out
 
 
-def format_table(s: PrismSettings, summary: list[dict], seed: int) -> str:
-    """The paper's table layout, our numbers beside the paper's."""
+def format_table(s: PrismSettings, summary: list[dict], seed: int, random_variance: float) -> str:
+    """The paper's table layout, our numbers beside the paper's (``random_variance``: the
+    random attack's sigma_C^2 the run used)."""
     synthetic = s.dataset == "synthetic"
     unit = "" if synthetic else " (K)"
     lines = []
@@ -254,9 +261,8 @@ def format_table(s: PrismSettings, summary: list[dict], seed: int) -> str:
         lines.append(f"TABLE II: Evaluation results on the UCI Superconductivity dataset with D={s.dim}"
                      + ("  [STAND-IN data of the file's shape: compare structure, not values]" if s.standin else ""))
     trials = summary[0]["trials"] if summary else 0
-    random_var = s.attack_params("random").get("variance", "default")
     lines.append(f"profile {s.profile}: mu={s.step}, byz_persist={s.byz_persist}, local_updates={s.local_updates}, "
-                 f"sigma_C^2={random_var}; {trials} trials, seed {seed}; "
+                 f"sigma_C^2={random_variance:g}; {trials} trials, seed {seed}; "
                  f"coverage on {s.coverage_on} clients' test data")
     head = (f"{'Attack':<11}{'Method':<11}{'M/D':>5}  {'Coverage (%)':>13}  {'Interval Width' + unit:>18}"
             f"  | {'paper: Coverage':>15}  {'Width':>15}")
@@ -340,7 +346,8 @@ class PrismJob(TrialJob):
     def summary(self, rows: dict[str, np.ndarray]) -> str:
         summary = summarize(rows, self.cases)
         if self.settings.table:
-            return format_table(self.settings, summary, self.cfg.seed)
+            random = self.attacks.get("random") or make_calib_attack("random", self.settings.attack_params("random"))
+            return format_table(self.settings, summary, self.cfg.seed, random.variance)
         return f"{self.cases[0]['label']}: {format_case(summary[0])}"
 
 

@@ -1,4 +1,4 @@
-"""PSO-Fed training with Byzantine uplink noise (paper Sec. II-B, II-C; Algorithm 1), over
+"""PSO-Fed training with Byzantine uplink noise (paper Sec. II-B, II-C), over
 :class:`fedring.comm.Network`.
 
 Online LMS on ``y = w*^T x + nu`` (eq. 1). Every iteration the server samples ``|S_n|``
@@ -113,7 +113,7 @@ def sent_bytes(net: Network) -> tuple[int, int]:
 
 def train_psofed(s: PrismSettings, env: Environment, shared: int, net: Network, seed: int, trial: int,
                  parts: np.ndarray | None = None) -> TrainResult:
-    """Algorithm 1: PSO-Fed with Byzantine uplink noise; returns ``w_{N_iter}`` on rank 0.
+    """PSO-Fed with Byzantine uplink noise (Sec. II-B, II-C); returns ``w_{N_iter}`` on rank 0.
 
     Per iteration n, for ``k in S_n``: download ``S_{k,n-1} w_{n-1}`` (M values), then
 

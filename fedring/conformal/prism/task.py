@@ -84,7 +84,8 @@ class PrismSettings:
     dim: int | None = field(default=None, metadata=_help(
         "D, the model dimension; unset: 50 (uci: 81, fixed by the file)"))
     shared: int | None = field(default=None, metadata=_help(
-        "M, coordinates PRISM-FCP shares (Rob-FCP and FCP share all D); unset: 15 (uci: 20)"))
+        "M, coordinates PRISM-FCP shares (Rob-FCP and FCP share all D); unset: 15 (uci: 20); "
+        "a uci --table runs Table II's M = 20, 40, 60, 81 whatever this says"))
     step: float | None = field(default=None, metadata=_help("mu, the LMS step size; unset: the profile's"))
     iterations: int = field(default=1000, metadata=_help("training iterations"))
     byzantine: int = field(default=20, metadata=_help("|S_B|, Byzantine clients"))
