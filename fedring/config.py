@@ -22,7 +22,7 @@ from . import validate as check
 from .errors import ConfigError
 
 #: settings of every task; the other top-level settings belong to training
-GENERAL = ("task", "seed", "out", "overwrite", "resume", "quiet", "stop_grace", "threads")
+GENERAL = ("task", "seed", "out", "overwrite", "resume", "quiet", "stop_grace")
 #: settings that steer a run without changing its results: --resume and sweeps ignore them
 RUN_CONTROL = ("out", "overwrite", "resume", "quiet", "checkpoint_every", "stop_grace")
 
@@ -111,7 +111,7 @@ def merge(cfg: Config, items: dict[str, Any], origin: str) -> Config:
         if "." in key:
             section, name = key.split(".", 1)
             cfg.sections.setdefault(section, {})[name] = value
-        elif isinstance(value, dict) and key not in FIELDS:
+        elif isinstance(value, dict):  # a table is a section (no setting takes a table), even [attack]
             cfg.sections.setdefault(key, {}).update(value)
         elif key in FIELDS:
             setattr(cfg, key, coerce(key, FIELDS[key].type, value))
@@ -151,7 +151,6 @@ def validate(cfg: Config, world_size: int) -> Config:
 
     task = TASKS.get(cfg.task, "task")
     check.integer("seed", cfg.seed, lo=0)
-    check.integer("threads", cfg.threads, lo=1)
     check.real("stop_grace", cfg.stop_grace, lo=0, lo_open=True)
     if cfg.task != "train":
         for key in FIELDS:

@@ -5,9 +5,9 @@ import gzip
 import numpy as np
 import pytest
 
-from fedring.errors import ConfigError
 from fedring.datasets.fashion_mnist import FILES as FMNIST_FILES
 from fedring.datasets.fashion_mnist import fmnist_dir, read_idx
+from fedring.errors import ConfigError
 from fedring.train.data import FederatedData, _checked, partition, partition_fang
 
 
@@ -93,7 +93,7 @@ def test_empty_client_is_a_config_error():
 
 def test_cifar10_from_its_python_batches_and_its_default_model(tmp_path):
     """Small files in the standard format: labels, rows, scaling, and the model check."""
-    from fedring.datasets.cifar10 import TEST_FILE, TRAIN_FILES, CIFAR10, write_batch
+    from fedring.datasets.cifar10 import CIFAR10, TEST_FILE, TRAIN_FILES, write_batch
     from fedring.train.models import make_model
 
     rng = np.random.default_rng(0)

@@ -1,7 +1,7 @@
 """``python -m fedring bench comm``: the ring all-reduce against MPI's native Allreduce.
 
 All run in the same job, interleaved run by run, one client per rank: MPI's native
-Allreduce, the float32 ring, and the sign-voting rings of :mod:`fedring.brace` (``brace``,
+Allreduce, the float32 ring, and the sign-voting rings of :mod:`fedring.comm.brace` (``brace``,
 ``signsgd``, ``rlr``: quantization, int8 Share-Reduce, consensus, packed Share-Only) on the
 same float32 vectors. Reports, per (implementation, size), the median time of the repeats
 and nccl-tests' bandwidths: ``algbw = bytes / seconds`` and ``busbw = algbw * 2 (n - 1) / n``

@@ -10,7 +10,9 @@ import importlib
 import os
 import sys
 
-USAGE = """usage: python -m fedring [--overwrite]          the headline job: ring-all-reduce and BRACE under attack (docs/brace.md)
+from fedring.errors import ConfigError
+
+USAGE = """usage: python -m fedring [--overwrite] [--quiet]  the headline job: ring-all-reduce and BRACE under attack (docs/brace.md)
        python -m fedring [run] [options]        one run of any task; training by default (python -m fedring run --help)
        python -m fedring conformal prism|labelshift [options]   federated conformal prediction (... --help)
        python -m fedring bench comm|aggregators|prism [options] benchmarks that print measured ratios (... --help)
@@ -40,7 +42,8 @@ def _launched_ranks() -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["-h"], ["--help"]):
-        print(USAGE)
+        if _launched_ranks()[0] == 0:
+            print(USAGE)
         return 0
     if argv[:1] == ["sweep"]:
         rank, size = _launched_ranks()
@@ -57,20 +60,26 @@ def main(argv: list[str] | None = None) -> int:
         choices = {k[1]: v for k, v in SUBCOMMANDS.items() if k[0] == group}
         if choices and (len(argv) < 2 or argv[1] in ("-h", "--help")):
             if _launched_ranks()[0] == 0:
-                print(f"usage: python -m fedring {group} {'|'.join(choices)} [options]\n")
-                print("\n".join(f"  {name:<12} {line}" for name, (_, _, line) in choices.items()))
+                out = sys.stdout if len(argv) > 1 else sys.stderr
+                print(f"usage: python -m fedring {group} {'|'.join(choices)} [options]\n", file=out)
+                print("\n".join(f"  {name:<12} {line}" for name, (_, _, line) in choices.items()), file=out)
             return 0 if len(argv) > 1 else 2
         if tuple(argv[:2]) not in SUBCOMMANDS:
             if _launched_ranks()[0] == 0:
                 print(f"fedring: error: unknown command {' '.join(argv[:2])!r}\n{USAGE}", file=sys.stderr)
             return 2
         module, fn, _ = SUBCOMMANDS[tuple(argv[:2])]
-        return getattr(importlib.import_module(module), fn)(argv[2:])
+        try:
+            return getattr(importlib.import_module(module), fn)(argv[2:])
+        except ConfigError as e:  # a benchmark's bad option (the tasks agree on theirs themselves)
+            if _launched_ranks()[0] == 0:
+                print(f"fedring: error: {e}", file=sys.stderr)
+            return 2
     from .run import headline, run
 
     try:
-        if argv in ([], ["--overwrite"]):  # the headline job; --overwrite replaces its earlier results
-            return headline(overwrite=bool(argv))
+        if set(argv) <= {"--overwrite", "--quiet"}:  # the headline job; --overwrite replaces its results
+            return headline(overwrite="--overwrite" in argv, quiet="--quiet" in argv)
         return run(argv[1:] if argv[:1] == ["run"] else argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 0

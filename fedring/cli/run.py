@@ -21,7 +21,10 @@ from fedring.tasks import TASKS
 
 class ArgumentParser(argparse.ArgumentParser):
     """Reports usage errors as :class:`ConfigError` (so only rank 0 prints them); ``--help``
-    is printed by rank 0 only."""
+    is printed by rank 0 only; options must be spelt out (no abbreviations)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):
         raise ConfigError("arguments", f"{message} (see {self.prog} --help)")
@@ -38,7 +41,7 @@ def general_options(p: argparse.ArgumentParser) -> None:
     add = p.add_argument
     add("--config", metavar="FILE.toml", help="settings file (keys as below, sections as [name]); applied first")
     add("--set", action="append", default=[], metavar="KEY=VALUE",
-        help="any setting, e.g. rounds=5 or krum.variant=byzfl (after --config, before the options here)")
+        help="any setting, as KEY=VALUE or SECTION.KEY=VALUE (after --config, before the options here)")
     add("--seed", type=int, metavar="S", help="every random draw derives from it (default 0)")
     add("--out", metavar="PATH.h5", help="results file (default: results/<a name made of the settings>.h5)")
     add("--overwrite", action="store_const", const=True, help="replace an existing results file")
@@ -96,7 +99,14 @@ def section_parser(task: str, schema: type, description: str) -> ArgumentParser:
     general_options(p)
     for f in dataclasses.fields(schema):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        shown = "none" if default is None or default == [] else ", ".join(map(str, default)) if isinstance(default, list) else default
+        if default is None:
+            shown = "unset"
+        elif isinstance(default, bool):
+            shown = str(default).lower()
+        elif isinstance(default, list):
+            shown = ", ".join(map(str, default)) or "none"
+        else:
+            shown = default
         help_text = f"{f.metadata.get('help', '')} (default {shown})".strip()
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", "bool | None"):
@@ -172,7 +182,7 @@ HEADLINE_COMMON = ["--attack", "gaussian", "--byzantine", "0.2", "--rounds", "15
 HEADLINE_WINDOW = 5
 
 
-def headline(overwrite: bool = False) -> int:
+def headline(overwrite: bool = False, quiet: bool = False) -> int:
     """The headline job: the runs of :data:`HEADLINE` one after the other, then their final-window accuracies."""
     import h5py
     import numpy as np
@@ -185,7 +195,7 @@ def headline(overwrite: bool = False) -> int:
     for name, out, args, _ in HEADLINE:
         lam = ["--set", f"brace.lambda={0.05 * clients:g}"] if "brace" in args else []
         code = run([*HEADLINE_COMMON, *args, *lam, "--clients", str(clients), "--out", out,
-                    *(["--overwrite"] if overwrite else [])])
+                    *(["--overwrite"] if overwrite else []), *(["--quiet"] if quiet else [])])
         if code != 0:
             return code
     if comm.rank == 0:

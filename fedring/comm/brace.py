@@ -5,7 +5,7 @@ Distributed Computing*, WWW Companion '25, doi:10.1145/3701716.3715491; docs/bra
 paper onto this module. Every round the ``n`` clients of the logical ring run four phases (paper §3):
 
 I.   Quantization (local): ``q_i = sign(g_i)``, element-wise, in {-1, 0, +1}.
-II.  Share-Reduce: the ring reduce-scatter of :mod:`fedring.ring` on the ``q_i``; client ``i``
+II.  Share-Reduce: the ring reduce-scatter of :mod:`fedring.comm.ring` on the ``q_i``; client ``i``
      ends holding chunk ``(i + 1) mod n`` of ``S = sum_i q_i``.
 III. Consensus (local): the owner of each chunk maps its counts to the aggregate, eq. (1)-(3)
      ``GAR[k] = +1 if S[k] > lambda else -1`` (``= 2 I_t[k, k] - 1``).
@@ -65,7 +65,7 @@ relay attacks and a check, all off by default:
 
 The check works the same for signSGD and RLR (same Share-Reduce). With the check or the bias
 attack on, Share-Reduce runs hop by hop in Python (per step, per local client) instead of
-through :func:`fedring.ring.reduce_scatter`; the bytes are the same.
+through :func:`fedring.comm.ring.reduce_scatter`; the bytes are the same.
 
 Saturation: the wire type stays narrow under attack. A relay's tampered count and every
 honest addition after it are clipped to ``[-M, M]`` (``M`` = 127 for int8), as a fixed-width

@@ -59,10 +59,19 @@ def check_components(cfg: Config) -> None:
             raise ConfigError("byzantine", f"--attack {cfg.attack} needs Byzantine clients: set --byzantine")
     make_schedule(cfg.lr_schedule, cfg.section(cfg.lr_schedule))
     known = sorted({*AGGREGATORS, *PRE_AGGREGATORS, *RING_RULES, *(s for s in SCHEDULES if s != "constant"), "attack"})
+    used = {cfg.aggregator, *cfg.pre_aggregators, cfg.lr_schedule, "attack"}
+    if cfg.topology == "server" and cfg.aggregator == "hplus":
+        used.add(cfg.section("hplus").get("base", "median"))  # its base rule takes its own section
     for section in cfg.sections:
         if section not in known:
             raise ConfigError(section, f"unknown settings section; {check.suggestion(section, known)}"
                                        f"allowed: {', '.join(known)}")
+        if section not in used and cfg.sections[section]:
+            raise ConfigError(section, f"settings of {section}, which this run does not use (aggregator "
+                                       f"{cfg.aggregator}, lr_schedule {cfg.lr_schedule}): remove them, or select it")
+    if "relay_clients" in cfg.section(cfg.aggregator):
+        raise ConfigError(f"{cfg.aggregator}.relay_clients", "in a run the Byzantine clients are the relays: "
+                                                             "choose them with --byzantine and byzantine_select")
 
 
 @TASKS.register
@@ -79,6 +88,9 @@ class TrainTask(Task):
         if cfg.clients is None:
             cfg.clients = world_size
         check.integer("clients", cfg.clients, lo=1)
+        check.integer("threads", cfg.threads, lo=1)
+        if cfg.model == "cnn":  # the default model: the one that fits the data set's images
+            cfg.model = DATASETS[cfg.dataset].model
         if cfg.clients < world_size:
             raise ConfigError("clients", f"{cfg.clients} clients on {world_size} MPI ranks: need clients >= ranks (K >= N)")
         for key in ("rounds", "batch_size", "local_steps", "eval_every", "checkpoint_every", "server_samples"):

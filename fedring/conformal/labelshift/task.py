@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
+from fedring import validate as check
 from fedring.comm import Layout, Network
 from fedring.config import Config, section_settings
 from fedring.conformal.trials import TrialJob
@@ -327,6 +328,9 @@ class LabelShiftTask(Task):
 
     @staticmethod
     def validate(cfg: Config, world_size: int) -> None:
+        for section in cfg.sections:
+            if section != "labelshift":
+                raise check.unknown(section, "settings section of task labelshift", section, ["labelshift"])
         settings = settings_of(cfg)
         if settings.experiment == "gaussians":  # the logits experiment's agents are known once its file is read
             check_agents(settings, "gaussians", GaussianExperiment.n_agents, world_size)
