@@ -100,7 +100,7 @@ def test_more_than_127_clients_use_int16_counts():
 
 
 def test_paper_figure_1_and_magnitude_invariance():
-    """Spec P5: Fig. 1 gradients, lambda = 2 -> S = [3, 1, 1], GAR = [+1, -1, -1]; -10 -> -200 changes nothing."""
+    """The paper's Fig. 1 gradients, lambda = 2 -> S = [3, 1, 1], GAR = [+1, -1, -1]; -10 -> -200 changes nothing."""
     G = np.array([[5, 2, -10], [8, -4, 7], [9, 3, 8]], np.float32)
     assert run("brace", 3, G, {"lambda": 2})[0].tolist() == [1, -1, -1]
     G[0, 2] = -200
@@ -118,7 +118,7 @@ def test_positive_diagonal_scaling_changes_nothing(rule, params):
 
 
 def test_brace_at_zero_threshold_is_signsgd_except_ties():
-    """Spec P7: where S = 0 BRACE gives -1, signSGD 0."""
+    """Where S = 0 BRACE gives -1, signSGD 0."""
     n = 8
     G = sign_matrix(n, 500, 5)
     S = np.sign(G).sum(0)
@@ -130,7 +130,7 @@ def test_brace_at_zero_threshold_is_signsgd_except_ties():
 
 @pytest.mark.parametrize("n", [5, 8, 130])
 def test_degenerate_thresholds(n):
-    """Spec P8: lambda >= n gives all -1, lambda < -n all +1 (also beyond the count type's range)."""
+    """lambda >= n gives all -1, lambda < -n all +1 (also beyond the count type's range)."""
     G = np.ones((n, 50), np.float32)
     G[:, ::2] = -1.0
     for lam in (n, n + 0.5, 10**6):
@@ -140,7 +140,7 @@ def test_degenerate_thresholds(n):
 
 
 def test_rlr_properties():
-    """Spec P10: RLR = signSGD when every |S| >= theta, = -signSGD when theta > n; both odd."""
+    """RLR = signSGD when every |S| >= theta, = -signSGD when theta > n; both odd."""
     n = 8
     G = sign_matrix(n, 400, 9)
     S = np.sign(G).sum(0)
@@ -171,7 +171,7 @@ def test_docstring_examples():
 
 
 def test_update_geometry_of_the_paper_rule():
-    """Spec P9: every coordinate moves by exactly lr."""
+    """Eq. (4): every coordinate moves by exactly lr."""
     out = run("brace", 8, sign_matrix(8, 999, 1))[0]
     assert np.all(np.abs(out) == 1)
 
