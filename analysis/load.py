@@ -95,9 +95,14 @@ def read_run(path: Path, include_incomplete: bool = False) -> tuple[pd.DataFrame
 
 
 def load_runs(paths: list[str | Path], include_incomplete: bool = False) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
-    """The tidy table of every readable run, and ``(file, reason)`` of every file skipped."""
+    """The tidy table of every readable run, and ``(file, reason)`` of every file skipped. A
+    ``.csv`` path is a table written by ``load --out`` and is read back as it is, so a committed
+    CSV regenerates its tables without the HDF5 files."""
     frames, skipped = [], []
     for path in h5_files(paths):
+        if path.suffix == ".csv":
+            frames.append(pd.read_csv(path))
+            continue
         frame, why = read_run(path, include_incomplete)
         if frame is None:
             skipped.append((str(path), why))

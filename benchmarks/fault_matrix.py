@@ -295,7 +295,7 @@ def main() -> int:
     p.add_argument("--memory-ranks", type=int, default=100)
     p.add_argument("--only", nargs="+", choices=["kill9", "sigterm-checkpoint", "sigkill-checkpoint", "disk-full",
                                                  "damaged-resume", "memory"])
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", metavar="FILE", help="write the rows measured (into FILE's other rows, if it exists)")
     args = p.parse_args()
     rows = {}
     with tempfile.TemporaryDirectory(prefix="fedring-faults-") as d:
@@ -316,8 +316,10 @@ def main() -> int:
             else:
                 rows[name] = memory(tmp, args.memory_ranks)
             print(f"== {name} ({time.monotonic() - t0:.0f} s)\n{json.dumps(rows[name], indent=1)}", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.json:  # --only updates its rows of an existing file
+        path = Path(args.json)
+        earlier = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**earlier, **rows}, indent=1))
     return 0
 
 

@@ -3,13 +3,21 @@
 # proportional set size (PSS: shared pages split between the processes sharing them) of
 # every process of the job. Usage: benchmarks/peak_memory.sh mpiexec -n 100 python -m fedring --rounds 2
 set -euo pipefail
+descendants() {  # the job's processes only: other fedring jobs may be running on the machine
+  local child
+  for child in $(pgrep -P "$1" || true); do
+    echo "$child"
+    descendants "$child"
+  done
+}
 "$@" &
 job=$!
 peak=0
 while kill -0 "$job" 2>/dev/null; do
   total=0
   ranks=0
-  for pid in $(pgrep -f "python.* -m fedring" || true); do
+  for pid in "$job" $(descendants "$job"); do
+    grep -qa "fedring" "/proc/$pid/cmdline" 2>/dev/null || continue
     pss=$(awk '/^Pss:/ {print $2}' "/proc/$pid/smaps_rollup" 2>/dev/null || echo 0)
     total=$((total + ${pss:-0}))
     ranks=$((ranks + 1))

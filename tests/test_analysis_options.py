@@ -158,6 +158,17 @@ def test_table_command_with_window_and_diff(grid, tmp_path):
     assert bad.returncode == 2 and "--final-window: must be at least 1, got 0" in bad.stderr
 
 
+def test_table_from_the_tidy_csv_equals_the_table_from_the_files(grid, tmp_path):
+    """A committed ``load --out`` CSV regenerates the paper table without the HDF5 files."""
+    df, _ = load_runs([grid])
+    df.to_csv(tmp_path / "runs.csv", index=False)
+    again, skipped = load_runs([tmp_path / "runs.csv"])
+    assert skipped == []
+    kw = dict(metric="test_accuracy", digits=4, window=2, diff_to="BRACE")
+    assert paper_table(again, **kw)[0] == paper_table(df, **kw)[0]
+    assert "| None attack | -0.0781 ± 0.0221 (2) | 0.8281 ± 0.1105 (2) | -0.3750 |" in paper_table(again, **kw)[0]
+
+
 def test_plot_drift(tmp_path):
     d = tmp_path / "drift"
     d.mkdir()
