@@ -1,8 +1,10 @@
 """Ring all-reduce: exact sums, exact byte counts, any client count and size, any rank count."""
 
+import json
+
 import numpy as np
 import pytest
-from conftest import run_mpi
+from conftest import fedring, run_mpi
 
 from fedring.comm import Layout, Network, block_bounds
 from fedring.comm.ring import chunk_bounds, ring_allreduce
@@ -92,3 +94,12 @@ def test_ring_over_mpi(tmp_path, ranks, n, d):
     out = run_mpi(ranks, [str(script), str(n), str(d)]).stdout
     counted = [int(v) for v in out.split("BYTES")[1].split()]
     assert counted == expected_bytes(n, d, 4).tolist()
+
+
+def test_bench_comm_measures_every_ring_rule_with_exact_bytes(tmp_path):
+    """``bench comm`` on 2 ranks: per rank, the float32 ring sends d/2 floats in each phase (4d
+    bytes); BRACE d/2 int8 counts then d/2 one-bit signs; signSGD and RLR two bit planes."""
+    out = tmp_path / "bench.json"
+    fedring(2, "bench", "comm", "--min-exp", "10", "--max-exp", "10", "--repeats", "1", "--json", str(out))
+    sent = {r["impl"]: r["bytes_per_rank"] for r in json.loads(out.read_text())}
+    assert sent == {"native": 4096, "ring": 4096, "brace": 512 + 64, "signsgd": 512 + 128, "rlr": 512 + 128}

@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from fedring.comm import Layout, Network, ring_allreduce
-from fedring.comm.brace import RING_RULES, SignVote
+from fedring.comm.brace import SIGN_RULES, SignVote
 
 
 def _time(impls: dict[str, tuple[Callable, Callable, Callable]], repeats: int, comm: MPI.Comm) -> dict[str, tuple]:
@@ -60,7 +60,7 @@ def comm_impls(net: Network, comm: MPI.Comm, d: int) -> dict[str, tuple[Callable
         "native": (prepare, lambda: comm.Allreduce(source, out, op=MPI.SUM), lambda: -1),
         "ring": (prepare, lambda: ring_allreduce(net, rows), ring_bytes),
     }
-    for rule in RING_RULES:
+    for rule in SIGN_RULES:
         vote = SignVote(rule, net.n_clients, {})
         impls[rule] = (prepare, lambda vote=vote: vote(net, rows), ring_bytes)
     return impls
