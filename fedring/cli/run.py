@@ -205,5 +205,5 @@ def headline(overwrite: bool = False, quiet: bool = False) -> int:
                 rounds, acc = f["metrics/round"][-HEADLINE_WINDOW:], f["metrics/test_accuracy"][-HEADLINE_WINDOW:]
             print(f"  {name:<18} {np.mean(acc):.4f}  (rounds {rounds[0]}-{rounds[-1]})  {meaning}")
         print("results: " + ", ".join(out for _, out, _, _ in HEADLINE)
-              + "; python -m analysis plot-drift results/headline-*.h5 --out drift.png draws the drift")
+              + "; python -m analysis plot-drift results/headline-brace*.h5 --out drift.png draws the drift")
     return 0
