@@ -4,4 +4,9 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+try:
+    code = main()
+except BrokenPipeError:  # output piped into head & co.
+    sys.stderr.close()
+    code = 0
+sys.exit(code)

@@ -277,3 +277,14 @@ def test_local_sweep_runs_max_parallel_at_once_with_a_log_each(tmp_path):
         assert file_state(out / f"{h}.h5").kind == "complete"
         assert f"config {h}: exit 0" in proc.stdout
         assert "results:" in (out / "logs" / f"local-{h}.out").read_text()
+
+
+def test_output_piped_into_head_ends_quietly(tmp_path):
+    """``sweep --dry-run | head -1`` on 6,300 configs (more than a pipe holds): no
+    BrokenPipeError traceback, exit 0."""
+    seeds = "seed=[" + ",".join(map(str, range(100))) + "]"
+    cmd = f"set -o pipefail; {sys.executable} -m fedring sweep table2.toml --dry-run --set '{seeds}' | head -1"
+    proc = subprocess.run(["bash", "-c", cmd],
+                          capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert "table2.toml: 6300 configs" in proc.stdout
