@@ -83,6 +83,13 @@ def load_conformal(paths) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
     return df, skipped
 
 
+def conformal_cases(paths, where: list[str]) -> pd.DataFrame:
+    """The cases of ``load_conformal`` that match every ``KEY=VALUE`` of ``where``; skipped files reported."""
+    df, skipped = load_conformal(paths)
+    report_skipped(skipped)
+    return apply_where(df, where) if len(df) else df
+
+
 def case_columns(df: pd.DataFrame) -> list[str]:
     """The case keys that tell rows apart (``run`` when there are several files; ``label`` and
     ``method`` always), in the order the cases name them."""
@@ -129,9 +136,7 @@ def main_table(argv: list[str]) -> int:
     p.add_argument("--digits", type=int, default=2)
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="keep only the cases with this value")
     args = p.parse_args(argv)
-    df, skipped = load_conformal(args.paths)
-    report_skipped(skipped)
-    df = apply_where(df, args.where) if len(df) else df
+    df = conformal_cases(args.paths, args.where)
     if df.empty:
         print("no complete conformal runs to tabulate", file=sys.stderr)
         return 1

@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from . import ATTACK_LABELS, METHOD_ORDER  # noqa: E402
-from .conformal import case_columns, load_conformal, size_label  # noqa: E402
+from .conformal import case_columns, conformal_cases, size_label  # noqa: E402
 from .load import load_runs, report_skipped, round_rows  # noqa: E402
 from .tables import _order, apply_where, method_labels, text  # noqa: E402
 
@@ -233,9 +233,7 @@ def main_drift(argv: list[str]) -> int:
 def main_conformal(argv: list[str]) -> int:
     p = _parser("plot-conformal", "Coverage and interval width / set size per conformal case (/calibration).")
     args = p.parse_args(argv)
-    df, skipped = load_conformal(args.paths)
-    report_skipped(skipped)
-    df = apply_where(df, args.where) if len(df) else df
+    df = conformal_cases(args.paths, args.where)
     if df.empty:
         print("no complete conformal runs to plot", file=sys.stderr)
         return 1
