@@ -13,11 +13,16 @@ def test_cli_reference_tables_and_examples_match_the_code():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def prose(path) -> str:
+    """A Markdown file without its fenced code blocks (their ``#`` lines are comments, not headings)."""
+    return re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+
+
 def anchors(path) -> set[str]:
     """GitHub's heading anchors of a Markdown file: lower case, punctuation dropped, spaces to hyphens."""
     out = set()
-    for line in path.read_text().splitlines():
-        if line.startswith("#") and not line.startswith("#!"):
+    for line in prose(path).splitlines():
+        if line.startswith("#"):
             title = line.lstrip("#").strip().lower()
             out.add(re.sub(r"\s", "-", re.sub(r"[^\w\- ]", "", title)))
     return out
@@ -28,8 +33,7 @@ def test_every_relative_link_of_the_readme_and_docs_resolves():
     and, with an anchor, one of its headings."""
     broken = []
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
-        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose(page)):
             if re.match(r"[a-z]+:", target):
                 continue
             file, _, anchor = target.partition("#")
