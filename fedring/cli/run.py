@@ -176,7 +176,7 @@ HEADLINE = [
      ["--aggregator", "brace", "--lr", "0.003", "--set", "brace.rule=symmetric"],
      "not in the paper: 0 between -lambda and lambda, so weak agreement moves nothing"),
 ]
-HEADLINE_COMMON = ["--attack", "gaussian", "--byzantine", "0.2", "--rounds", "1500", "--eval-every", "50",
+HEADLINE_COMMON = ["--attack", "gaussian", "--byzantine", "0.2", "--rounds", "600", "--eval-every", "40",
                    "--lr-schedule", "step"]
 #: the accuracy printed is the mean of the last evaluations (one evaluation fluctuates by ~0.05)
 HEADLINE_WINDOW = 5
