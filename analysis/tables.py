@@ -9,6 +9,11 @@ measured an attack success rate (backdoor) the cell reads ``metric / success rat
 whose runs differ in any other setting is an error naming the setting (narrow the runs with
 ``--where KEY=VALUE``). BRACE with ``brace.rule = symmetric`` is its own column, ``BRACE-sym``.
 
+``--beside FILE.csv`` puts another table's value in parentheses after each cell, e.g. the
+paper's own (``docs/reference/brace_table2a.csv``): its first column holds the row labels,
+its header the column labels, lines starting with ``#`` are comments. A label that matches no
+row or column of the runs is an error, so a typo cannot silently drop a value.
+
 ``--diff-to COLUMN`` (e.g. ``BRACE``): that column keeps its values; every other cell shows
 the difference (cell - COLUMN) paired per seed: within a row, each run is matched with the
 COLUMN run of the same ``seed`` (every other setting is fixed within a cell), and the cell is
@@ -155,12 +160,32 @@ def _rounds(final: pd.DataFrame, window: int) -> str:
     return "rounds " + ", ".join(f"{a}–{b}" if a != b else str(a) for a, b in spans)
 
 
+def read_beside(path: str) -> pd.DataFrame:
+    """The ``--beside`` table: row labels in the first column, column labels in the header."""
+    try:
+        return pd.read_csv(path, index_col=0, comment="#")
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--beside {path}: cannot read it as a CSV table ({e})") from None
+
+
+def _check_beside(beside: pd.DataFrame, row_order: list, col_order: list) -> None:
+    for axis, labels, ours in (("row", beside.index, row_order), ("column", beside.columns, col_order)):
+        unknown = [str(x) for x in labels if str(x) not in set(map(text, ours))]
+        if unknown:
+            raise SystemExit(f"--beside: {axis} {', '.join(map(repr, unknown))} is not a {axis} of the table; "
+                             f"{axis}s: {', '.join(map(text, ours))}")
+
+
 def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", metric: str = "test_error",
-                digits: int = 2, window: int = 1, diff_to: str | None = None) -> tuple[str, pd.DataFrame]:
+                digits: int = 2, window: int = 1, diff_to: str | None = None,
+                beside: pd.DataFrame | None = None) -> tuple[str, pd.DataFrame]:
     """(Markdown, numeric CSV frame) of ``metric`` over each run's last ``window`` evaluations,
-    rows x cols; with ``diff_to``, the other columns as per-seed differences to that column."""
+    rows x cols; with ``diff_to``, the other columns as per-seed differences to that column;
+    with ``beside`` (rows x cols, labelled as the table), its values in parentheses."""
     if window < 1:
         raise SystemExit(f"--final-window must be at least 1, got {window}")
+    if beside is not None and diff_to is not None:
+        raise SystemExit("--beside and --diff-to cannot be combined: the values beside are not differences")
     metric = metric_column(df, metric)
     final = final_rows(df, metric, window)
     final["method"] = method_labels(final)
@@ -175,6 +200,10 @@ def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", me
     measures = [metric, SUCCESS] if has_success else [metric]
     row_order = _order(final[rows].unique(), ATTACK_LABELS if rows == "attack" else [])
     col_order = _order(final[cols].unique(), METHOD_ORDER if cols == "method" else [])
+    if beside is not None:
+        source = beside.attrs.get("source", "the table beside")
+        beside = beside.rename(index=str, columns=str)
+        _check_beside(beside, row_order, col_order)
     ref, differ = None, []
     values = final[[rows, cols, *measures]]
     if diff_to is not None:
@@ -192,11 +221,14 @@ def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", me
     def cell(r, c) -> str:
         mean, sd, n = (stats[metric][s].at[r, c] for s in ("mean", "std", "count"))
         if pd.isna(mean):
-            return "-"
-        out = number(c, mean) + (f" ± {sd:.{digits}f} ({int(n)})" if n > 1 else "")
-        if has_success and pd.notna(stats[SUCCESS]["mean"].at[r, c]):
-            out += " / " + number(c, stats[SUCCESS]["mean"].at[r, c])
-        return out
+            out = "-"
+        else:
+            out = number(c, mean) + (f" ± {sd:.{digits}f} ({int(n)})" if n > 1 else "")
+            if has_success and pd.notna(stats[SUCCESS]["mean"].at[r, c]):
+                out += " / " + number(c, stats[SUCCESS]["mean"].at[r, c])
+        other = beside.at[text(r), text(c)] if beside is not None and text(r) in beside.index \
+            and text(c) in beside.columns else None
+        return out + (f" ({other:.{digits}f})" if pd.notna(other) else "")
 
     what = metric.removeprefix("metrics/").replace("_", " ")
     seeds = final["seed"].nunique() if "seed" in final else 1
@@ -206,6 +238,8 @@ def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", me
                + (f"; {short} runs have fewer evaluations: all of theirs are used" if short else "")
                + (f"; where measured: {what} / attack success rate" if has_success else "")
                + f". {len(final)} runs" + (f", mean ± sd (n runs) over {seeds} seeds" if seeds > 1 else "") + ".")
+    if beside is not None:
+        caption += f" In parentheses: {source}."
     if ref is not None:
         caption += (f" Columns other than {text(ref)}: difference to {text(ref)} in the same row, paired by seed, "
                     "mean ± sd (n pairs)" + (f"; the paired runs also differ in {', '.join(differ)}" if differ else "") + ".")
@@ -265,15 +299,20 @@ def main_table(argv: list[str]) -> int:
                    help="a run's value is the mean of its last K evaluations (default 1: the final one)")
     p.add_argument("--diff-to", metavar="COLUMN",
                    help="show every other column as the per-seed paired difference to this column (e.g. BRACE)")
+    p.add_argument("--beside", metavar="FILE.csv",
+                   help="show this table's values (same row and column labels) in parentheses, e.g. the paper's")
     p.add_argument("--digits", type=int, default=2)
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="keep only runs with this setting")
     args = p.parse_args(argv)
+    beside = read_beside(args.beside) if args.beside else None
+    if beside is not None:
+        beside.attrs["source"] = Path(args.beside).name
     df, skipped = load_runs(args.paths)
     report_skipped(skipped)
     df = apply_where(df, args.where)
     if df.empty:
         print("no complete training runs to tabulate", file=sys.stderr)
         return 1
-    write_outputs(*paper_table(df, args.rows, args.cols, args.metric, args.digits, args.final_window, args.diff_to),
-                  args.out)
+    write_outputs(*paper_table(df, args.rows, args.cols, args.metric, args.digits, args.final_window, args.diff_to,
+                               beside), args.out)
     return 0

@@ -169,6 +169,33 @@ def test_table_from_the_tidy_csv_equals_the_table_from_the_files(grid, tmp_path)
     assert "| None attack | -0.0781 ± 0.0221 (2) | 0.8281 ± 0.1105 (2) | -0.3750 |" in paper_table(again, **kw)[0]
 
 
+def test_beside_puts_another_tables_values_in_parentheses(grid, tmp_path):
+    paper = tmp_path / "paper.csv"
+    # a comment line, an empty cell (None/RAR) and a value beside a cell the runs lack (Gaussian/BRACE-sym)
+    paper.write_text("# a paper's table\nattack,RAR,BRACE-sym\nNone attack,,0.25\nGaussian attack,0.3,0.125\n")
+    proc = subprocess.run([sys.executable, "-m", "analysis", "table", str(grid), "--metric", "test_accuracy",
+                           "--digits", "4", "--beside", str(paper)],
+                          capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Final test accuracy (round 40). 9 runs, mean ± sd (n runs) over 2 seeds. "
+                                  "In parentheses: paper.csv.\n\n")
+    assert "| None attack | 0.8125 ± 0.0884 (2) | 0.8750 ± 0.1768 (2) | 0.5000 (0.2500) |\n" in proc.stdout
+    assert "| Gaussian attack | 0.3125 ± 0.0884 (2) (0.3000) | 0.5000 ± 0.0000 (2) | - (0.1250) |\n" in proc.stdout
+    df = load_runs([grid])[0]
+    typo = pd.DataFrame({"BRACE": [0.1]}, index=["Krum atack"])
+    with pytest.raises(SystemExit, match=r"--beside: row 'Krum atack' is not a row of the table; "
+                                         r"rows: None attack, Gaussian attack"):
+        paper_table(df, beside=typo)
+    with pytest.raises(SystemExit, match=r"--beside: column 'Krum' is not a column"):
+        paper_table(df, beside=pd.DataFrame({"Krum": [0.1]}, index=["None attack"]))
+    with pytest.raises(SystemExit, match="--beside and --diff-to cannot be combined"):
+        paper_table(df, diff_to="BRACE", beside=typo)
+    # an unreadable file is refused before any run is loaded
+    bad = subprocess.run([sys.executable, "-m", "analysis", "table", str(tmp_path / "nowhere"), "--beside",
+                          str(tmp_path / "missing.csv")], capture_output=True, text=True, timeout=120, env=mpi_env(),
+                         cwd=tmp_path)
+    assert bad.returncode == 1 and f"--beside {tmp_path / 'missing.csv'}: cannot read it as a CSV table" in bad.stderr
+
 def test_plot_drift(tmp_path):
     d = tmp_path / "drift"
     d.mkdir()
