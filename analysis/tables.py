@@ -11,8 +11,9 @@ whose runs differ in any other setting is an error naming the setting (narrow th
 
 ``--beside FILE.csv`` puts another table's value in parentheses after each cell, e.g. the
 paper's own (``docs/reference/brace_table2a.csv``): its first column holds the row labels,
-its header the column labels, lines starting with ``#`` are comments. A label that matches no
-row or column of the runs is an error, so a typo cannot silently drop a value.
+its header the column labels, lines starting with ``#`` are comments. Its labels that match no
+row or column of the runs are named on stderr (``--where`` may have dropped them; a typo shows
+there); a file that shares no row or no column with the table is an error.
 
 ``--diff-to COLUMN`` (e.g. ``BRACE``): that column keeps its values; every other cell shows
 the difference (cell - COLUMN) paired per seed: within a row, each run is matched with the
@@ -169,11 +170,15 @@ def read_beside(path: str) -> pd.DataFrame:
 
 
 def _check_beside(beside: pd.DataFrame, row_order: list, col_order: list) -> None:
+    """No shared row or column is an error (a wrong file); labels the table lacks are named on
+    stderr, since ``--where`` may have dropped them, or they may be typos."""
     for axis, labels, ours in (("row", beside.index, row_order), ("column", beside.columns, col_order)):
         unknown = [str(x) for x in labels if str(x) not in set(map(text, ours))]
+        if len(unknown) == len(labels):
+            raise SystemExit(f"--beside: none of its {axis}s ({', '.join(map(repr, unknown))}) is a {axis} of the "
+                             f"table; {axis}s: {', '.join(map(text, ours))}")
         if unknown:
-            raise SystemExit(f"--beside: {axis} {', '.join(map(repr, unknown))} is not a {axis} of the table; "
-                             f"{axis}s: {', '.join(map(text, ours))}")
+            print(f"--beside: {axis}s not in the table, left out: {', '.join(map(repr, unknown))}", file=sys.stderr)
 
 
 def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", metric: str = "test_error",

@@ -181,12 +181,21 @@ def test_beside_puts_another_tables_values_in_parentheses(grid, tmp_path):
                                   "In parentheses: paper.csv.\n\n")
     assert "| None attack | 0.8125 ± 0.0884 (2) | 0.8750 ± 0.1768 (2) | 0.5000 (0.2500) |\n" in proc.stdout
     assert "| Gaussian attack | 0.3125 ± 0.0884 (2) (0.3000) | 0.5000 ± 0.0000 (2) | - (0.1250) |\n" in proc.stdout
+    # rows the runs lack (a typo, or dropped by --where) are named on stderr and left out
+    paper.write_text("attack,RAR,Krum\nGaussian attack,0.3,0.2\nKrum atack,0.1,0.2\n")
+    proc = subprocess.run([sys.executable, "-m", "analysis", "table", str(grid), "--where", "attack=gaussian",
+                           "--beside", str(paper)], capture_output=True, text=True, timeout=120, env=mpi_env(),
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "| Gaussian attack | 0.69 ± 0.09 (2) (0.30) | 0.50 ± 0.00 (2) |\n" in proc.stdout
+    assert proc.stderr.splitlines() == ["--beside: rows not in the table, left out: 'Krum atack'",
+                                        "--beside: columns not in the table, left out: 'Krum'"]
     df = load_runs([grid])[0]
     typo = pd.DataFrame({"BRACE": [0.1]}, index=["Krum atack"])
-    with pytest.raises(SystemExit, match=r"--beside: row 'Krum atack' is not a row of the table; "
+    with pytest.raises(SystemExit, match=r"--beside: none of its rows \('Krum atack'\) is a row of the table; "
                                          r"rows: None attack, Gaussian attack"):
         paper_table(df, beside=typo)
-    with pytest.raises(SystemExit, match=r"--beside: column 'Krum' is not a column"):
+    with pytest.raises(SystemExit, match=r"--beside: none of its columns \('Krum'\) is a column"):
         paper_table(df, beside=pd.DataFrame({"Krum": [0.1]}, index=["None attack"]))
     with pytest.raises(SystemExit, match="--beside and --diff-to cannot be combined"):
         paper_table(df, diff_to="BRACE", beside=typo)
