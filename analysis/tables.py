@@ -162,23 +162,30 @@ def _rounds(final: pd.DataFrame, window: int) -> str:
 
 
 def read_beside(path: str) -> pd.DataFrame:
-    """The ``--beside`` table: row labels in the first column, column labels in the header."""
+    """The ``--beside`` table: row labels in the first column, column labels in the header;
+    ``attrs["source"]`` (the file name) goes into the caption."""
     try:
-        return pd.read_csv(path, index_col=0, comment="#")
+        beside = pd.read_csv(path, index_col=0, comment="#")
     except (OSError, ValueError) as e:
         raise SystemExit(f"--beside {path}: cannot read it as a CSV table ({e})") from None
+    beside.attrs["source"] = Path(path).name
+    return beside
 
 
-def _check_beside(beside: pd.DataFrame, row_order: list, col_order: list) -> None:
-    """No shared row or column is an error (a wrong file); labels the table lacks are named on
-    stderr, since ``--where`` may have dropped them, or they may be typos."""
+def _align_beside(beside: pd.DataFrame, row_order: list, col_order: list) -> pd.DataFrame:
+    """``beside`` on the table's row and column labels (NaN where it has no value). No shared row
+    or column is an error (a wrong file); labels the table lacks are named on stderr, since
+    ``--where`` may have dropped them, or they may be typos."""
+    beside = beside.rename(index=str, columns=str)
     for axis, labels, ours in (("row", beside.index, row_order), ("column", beside.columns, col_order)):
-        unknown = [str(x) for x in labels if str(x) not in set(map(text, ours))]
+        known = set(map(text, ours))
+        unknown = [x for x in labels if x not in known]
         if len(unknown) == len(labels):
             raise SystemExit(f"--beside: none of its {axis}s ({', '.join(map(repr, unknown))}) is a {axis} of the "
                              f"table; {axis}s: {', '.join(map(text, ours))}")
         if unknown:
             print(f"--beside: {axis}s not in the table, left out: {', '.join(map(repr, unknown))}", file=sys.stderr)
+    return beside.reindex(index=[text(r) for r in row_order], columns=[text(c) for c in col_order])
 
 
 def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", metric: str = "test_error",
@@ -207,8 +214,7 @@ def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", me
     col_order = _order(final[cols].unique(), METHOD_ORDER if cols == "method" else [])
     if beside is not None:
         source = beside.attrs.get("source", "the table beside")
-        beside = beside.rename(index=str, columns=str)
-        _check_beside(beside, row_order, col_order)
+        beside = _align_beside(beside, row_order, col_order)
     ref, differ = None, []
     values = final[[rows, cols, *measures]]
     if diff_to is not None:
@@ -231,8 +237,7 @@ def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", me
             out = number(c, mean) + (f" ± {sd:.{digits}f} ({int(n)})" if n > 1 else "")
             if has_success and pd.notna(stats[SUCCESS]["mean"].at[r, c]):
                 out += " / " + number(c, stats[SUCCESS]["mean"].at[r, c])
-        other = beside.at[text(r), text(c)] if beside is not None and text(r) in beside.index \
-            and text(c) in beside.columns else None
+        other = beside.at[text(r), text(c)] if beside is not None else None
         return out + (f" ({other:.{digits}f})" if pd.notna(other) else "")
 
     what = metric.removeprefix("metrics/").replace("_", " ")
@@ -310,8 +315,6 @@ def main_table(argv: list[str]) -> int:
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="keep only runs with this setting")
     args = p.parse_args(argv)
     beside = read_beside(args.beside) if args.beside else None
-    if beside is not None:
-        beside.attrs["source"] = Path(args.beside).name
     df, skipped = load_runs(args.paths)
     report_skipped(skipped)
     df = apply_where(df, args.where)

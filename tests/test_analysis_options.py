@@ -205,6 +205,7 @@ def test_beside_puts_another_tables_values_in_parentheses(grid, tmp_path):
                          cwd=tmp_path)
     assert bad.returncode == 1 and f"--beside {tmp_path / 'missing.csv'}: cannot read it as a CSV table" in bad.stderr
 
+
 def test_plot_drift(tmp_path):
     d = tmp_path / "drift"
     d.mkdir()
