@@ -239,7 +239,7 @@ def test_gap_statistic_forms_decide_differently():
         res = a.aggregate(X, state=st, rng=np.random.default_rng(0))
         np.testing.assert_array_equal(res.selected, kept)
         np.testing.assert_allclose(res.vector, X[kept == 1].mean(axis=0))
-    with pytest.raises(ConfigError, match="fldetector.gap"):
+    with pytest.raises(ConfigError, match=r"fldetector\.gap"):
         FLDetector(gap="tibshirany")
 
 
@@ -281,7 +281,7 @@ def test_fldetector_flags_an_unpredictable_client():
     st = a.init_state(n, d)
     gen = np.random.default_rng(5)
     kept = []
-    for t in range(9):
+    for _ in range(9):
         G = w @ H + b
         G[4] = rng.normal(size=d) * 3
         res = a.aggregate(G, state=st, rng=gen)

@@ -132,7 +132,7 @@ def test_honest_gradients_hidden_from_non_omniscient_and_required_by_omniscient(
 def test_output_dtype_and_shape_follow_byz_for_every_model_attack():
     rng = np.random.default_rng(3)
     honest, byz = rng.normal(0.2, 1, (8, 16)).astype(np.float32), rng.normal(0.2, 1, (3, 16)).astype(np.float32)
-    for name, cls in ATTACKS.items():
+    for name in ATTACKS:
         attack = make_attack(name, {}, n_clients=11)
         if attack.kind != "model":
             continue

@@ -95,7 +95,7 @@ class Aggregator:
         """Explicit state of stateful rules (numpy arrays only, so a checkpoint can save it)."""
         return {}
 
-    def with_f(self, f: int) -> "Aggregator":
+    def with_f(self, f: int) -> Aggregator:
         """This rule told ``f`` declared Byzantine clients (a shallow copy; ``self`` if unchanged)."""
         if f == self.f:
             return self

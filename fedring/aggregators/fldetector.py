@@ -3,6 +3,8 @@ estimate cannot predict (FedSECA Supp. E.10, Eq. 33; the choices are in docs/fed
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from fedring.validate import choice, integer
@@ -166,7 +168,7 @@ class FLDetector(Aggregator):
 
     name = "fldetector"
     selects = True
-    client_state = {"prev": 0, "scores": 1}
+    client_state: ClassVar[dict[str, int]] = {"prev": 0, "scores": 1}
     stateful = True
     needs_rng = True
 
@@ -211,7 +213,7 @@ class FLDetector(Aggregator):
         return np.sqrt(sum(map_blocks(task, d, block_width(n, 8))))
 
     def _aggregate(self, X, state, reference, rng):
-        n, d = X.shape
+        n = X.shape[0]
         N = self.window
         t = int(state["round"])
         q = min(t, N + 1)  # the aggregates of rounds t-q .. t-1 are stored

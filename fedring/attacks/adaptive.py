@@ -8,7 +8,7 @@ the honest gradients and the defence's rule, and choose the malicious vector fro
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -167,7 +167,7 @@ class Adaptive(ModelAttack):
 
     def __init__(self, target: str = "brace", **params):
         self.target = choice("attack.target", target, TARGETS)
-        for key, value in params.items():
+        for key in params:
             if _OWN[key][0] != target:
                 raise ConfigError(f"attack.{key}", f"applies to attack.target={_OWN[key][0]!r}, not {target!r}")
         get = lambda key: params.get(key, _OWN[key][1])  # noqa: E731

@@ -16,8 +16,9 @@ drops them otherwise, so an attack cannot use more than it declares.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import numpy as np
 

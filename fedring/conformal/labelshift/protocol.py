@@ -143,7 +143,7 @@ class Plan:
     participants: int | None = None
     shared_subsample: bool = False
 
-    def check(self) -> "Plan":
+    def check(self) -> Plan:
         check_numbers(alpha=self.alpha, delta=self.delta, count_noise=self.count_noise, rounds=self.rounds,
                       local_steps=self.local_steps, gamma=self.gamma, eta=self.eta, participants=self.participants)
         return self
