@@ -3,7 +3,7 @@ estimate cannot predict (FedSECA Supp. E.10, Eq. 33; the choices are in docs/fed
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -168,7 +168,7 @@ class FLDetector(Aggregator):
 
     name = "fldetector"
     selects = True
-    client_state: ClassVar[dict[str, int]] = {"prev": 0, "scores": 1}
+    client_state: Mapping[str, int] = {"prev": 0, "scores": 1}
     stateful = True
     needs_rng = True
 

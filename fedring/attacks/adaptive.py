@@ -15,7 +15,7 @@ import numpy as np
 from fedring.validate import choice, integer, real
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack
+from .base import ATTACKS, AttackContext, ModelAttack, known
 from .minmax import perturbation
 
 TARGETS = ("brace", "generic")
@@ -187,6 +187,7 @@ class Adaptive(ModelAttack):
                 raise ConfigError("attack.ratio", "must be < 1")
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+        honest = known(honest)
         if self.target == "brace":
             if self.mode == "closed_form":
                 return np.broadcast_to(brace_closed_form(honest), byz.shape)
@@ -194,15 +195,16 @@ class Adaptive(ModelAttack):
             flip = brace_margin_flips(byz, honest, self.lam, self.budget)
             out[:, flip] = -honest.mean(axis=0)[flip]
             return out
-        if ctx.aggregator is None:
+        aggregate = ctx.aggregator
+        if aggregate is None:
             raise ConfigError("attack.target", "'generic' needs the defence's aggregation rule, and none was given")
         mu, dev = honest.mean(axis=0), direction(honest, self.perturbation)
         b = byz.shape[0]
-        reference = np.asarray(ctx.aggregator(np.vstack([byz, honest])), dtype=np.float64)
+        reference = np.asarray(aggregate(np.vstack([byz, honest])), dtype=np.float64)
 
         def deviation(gamma: float) -> float:
             rows = np.vstack([np.broadcast_to(mu - gamma * dev, (b, mu.size)), honest])
-            return float(np.linalg.norm(np.asarray(ctx.aggregator(rows), dtype=np.float64) - reference))
+            return float(np.linalg.norm(np.asarray(aggregate(rows), dtype=np.float64) - reference))
 
         gamma = line_maximize(deviation, self.evals, self.start, self.delta, self.ratio)
         return np.broadcast_to(mu - gamma * dev, byz.shape)

@@ -134,6 +134,14 @@ class DataAttack:
         raise NotImplementedError
 
 
+def known(honest: np.ndarray | None) -> np.ndarray:
+    """The honest gradients in :meth:`ModelAttack.craft` of an attack that is omniscient (as
+    configured): :meth:`ModelAttack.__call__` has checked that they are there."""
+    if honest is None:
+        raise ValueError("an omniscient attack was called without the honest gradients")
+    return honest
+
+
 def std(rows: np.ndarray, ddof: int, who: str) -> np.ndarray:
     """Coordinate-wise standard deviation; needs more rows than ``ddof``."""
     if rows.shape[0] <= ddof:

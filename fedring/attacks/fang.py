@@ -17,7 +17,7 @@ import numpy as np
 from fedring.validate import choice, real
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack
+from .base import ATTACKS, AttackContext, ModelAttack, known
 
 
 def _sq_dists(rows: np.ndarray) -> np.ndarray:
@@ -164,6 +164,7 @@ class FangKrum(ModelAttack):
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         b = byz.shape[0]
         if self.variant == "full":
+            honest = known(honest)
             s = np.sign(byz.sum(axis=0) + honest.sum(axis=0))
             lam, _ = fang_krum_lambda(honest, s, b, ctx.f, ctx.lr, self.tol)
             return np.broadcast_to(-(lam / ctx.lr) * s, byz.shape)
@@ -216,7 +217,7 @@ class FangTrim(ModelAttack):
         if self.variant == "partial":
             mu, sigma = byz.mean(axis=0), byz.std(axis=0)
             return mu - np.sign(mu) * sigma * ctx.rng.uniform(3.0, 4.0, size=byz.shape)
-        rows = np.vstack([byz, honest])
+        rows = np.vstack([byz, known(honest)])
         s = np.sign(rows.sum(axis=0))
         base = np.where(s > 0, rows.min(axis=0), rows.max(axis=0))
         r = ctx.rng.uniform(1.0, self.b, size=byz.shape)
