@@ -14,8 +14,8 @@ silent.
 from __future__ import annotations
 
 import math
-from typing import Literal
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
