@@ -83,9 +83,9 @@ def read_run(path: Path, include_incomplete: bool = False) -> tuple[pd.DataFrame
             **{k: int(f.attrs[k]) for k in RUN_COLUMNS[3:] if k in f.attrs},
             **flat_config(config),
         }
-        sent = f["comm/bytes_sent"] if "comm/bytes_sent" in f else None
+        sent = f.get("comm/bytes_sent")
         run["bytes_per_client_round"] = float(sent[:].mean()) if sent is not None and sent.size else np.nan
-        server = f["comm/server_bytes_sent"] if "comm/server_bytes_sent" in f else None
+        server = f.get("comm/server_bytes_sent")
         run["server_bytes_per_round"] = float(server[:].mean()) if server is not None and server.size else np.nan
     # a metric named like a setting (the lr applied in a round vs the lr setting) keeps its HDF5 path
     frame = frame.rename(columns={k: f"metrics/{k}" for k in frame.columns if k in run})

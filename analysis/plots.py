@@ -24,13 +24,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from . import ATTACK_LABELS, METHOD_ORDER  # noqa: E402
-from .conformal import case_columns, conformal_cases, size_label  # noqa: E402
-from .load import load_runs, report_skipped, round_rows  # noqa: E402
-from .tables import _order, apply_where, method_labels, text  # noqa: E402
+from . import ATTACK_LABELS, METHOD_ORDER
+from .conformal import case_columns, conformal_cases, size_label
+from .load import load_runs, report_skipped, round_rows
+from .tables import _order, apply_where, method_labels, text
 
 
 def _save(fig, out: str) -> None:
@@ -151,7 +151,7 @@ def plot_drift(df: pd.DataFrame, out: str, smooth: int = 0) -> dict[str, str]:
             continue
         with_fractions += 1
         window = smooth or max(1, min(25, len(rows) // 50))
-        for name, (sign, style) in FRACTIONS.items():
+        for name, (_, style) in FRACTIONS.items():
             if name in rows:
                 b.plot(rows["round"], rows[name].rolling(window, min_periods=1).mean(), color=color, linestyle=style,
                        label=label if name == "plus_fraction" else None)

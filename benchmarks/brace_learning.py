@@ -25,11 +25,10 @@ import tempfile
 import time
 
 import h5py
-import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from fedring.cli import main as fedring_main  # noqa: E402
+from fedring.cli import main as fedring_main
 
 
 def parse(argv):
@@ -69,7 +68,7 @@ def runs(args):
         for check in checks if method != "mean" else ("off",):
             label = method + (f" relay={args.relay_attack}" if args.relay_attack != "none" else "") + f" check={check}"
             extra = ["--aggregator", method, "--lr", str(args.lr_sign)]
-            for s in sets + [f"{method}.check={check}"]:
+            for s in [*sets, f"{method}.check={check}"]:
                 extra += ["--set", s]
             yield label, extra
 

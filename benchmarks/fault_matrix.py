@@ -23,6 +23,7 @@ Rows (``--only`` picks some; ``docs/reliability.md`` quotes a full run):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -255,10 +256,8 @@ def memory(tmp: Path, ranks: int) -> dict:
     os.set_blocking(proc.stdout.fileno(), False)
     buffer, current = "", 0
     while proc.poll() is None:
-        try:
+        with contextlib.suppress(TypeError, BlockingIOError):
             buffer += proc.stdout.read() or ""
-        except (TypeError, BlockingIOError):
-            pass
         for m in re.finditer(r"round\s+(\d+)/", buffer):
             current = max(current, int(m.group(1)))
         buffer = buffer[-200:]

@@ -15,9 +15,11 @@ import importlib
 import inspect
 import pkgutil
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from .validate import known_keys, unknown
+
+C = TypeVar("C", bound=type)
 
 
 class Registry:
@@ -43,11 +45,13 @@ class Registry:
         self.kind = kind
         self._classes: dict[str, type] = {}
 
-    def register(self, cls: type) -> type:
+    def register(self, cls: C) -> C:
         """Class decorator: make ``cls`` selectable by its ``name``."""
-        if cls.name in self._classes and self._classes[cls.name] is not cls:
-            raise ValueError(f"two {self.kind}s are named {cls.name!r}: {self._classes[cls.name]} and {cls}")
-        self._classes[cls.name] = cls
+        component: Any = cls  # a component class declares ``name``; ``type`` in general does not
+        name: str = component.name
+        if name in self._classes and self._classes[name] is not cls:
+            raise ValueError(f"two {self.kind}s are named {name!r}: {self._classes[name]} and {cls}")
+        self._classes[name] = cls
         return cls
 
     def discover(self, package: str, path) -> None:
@@ -84,9 +88,9 @@ class Registry:
         declared = getattr(cls, "params", None)
         if isinstance(declared, tuple):
             return list(declared)
-        signature = inspect.signature(cls.__init__).parameters
+        signature = inspect.signature(cls).parameters
         return [name for name, param in signature.items()
-                if name != "self" and name not in context and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)]
+                if name not in context and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)]
 
     def build(self, name: Any, params: dict | None = None, *, key: str | None = None, prefix: str | None = None,
               **context):
@@ -100,5 +104,5 @@ class Registry:
         cls = self.get(name, key)
         params = dict(params or {})
         known_keys(prefix or str(name), f"{self.kind} {name}", params, self.parameters(cls, tuple(context)))
-        signature = inspect.signature(cls.__init__).parameters
+        signature = inspect.signature(cls).parameters
         return cls(**{k: v for k, v in context.items() if k in signature}, **params)

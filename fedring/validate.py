@@ -58,7 +58,7 @@ def integer(key: str, value: Any, lo: int | None = None, hi: int | None = None) 
     """A whole number (``3`` or ``3.0``; not ``True``) within ``[lo, hi]``."""
     if isinstance(value, bool) or not isinstance(value, Real) or not float(value).is_integer():
         raise ConfigError(key, f"must be an integer, got {value!r}")
-    return _within(key, int(value), lo, hi, False, False)
+    return _within(key, math.trunc(value), lo, hi, False, False)
 
 
 def real(key: str, value: Any, lo: float | None = None, hi: float | None = None,

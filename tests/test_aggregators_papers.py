@@ -8,11 +8,13 @@ import pytest
 from fedring.aggregators import make_aggregator
 from fedring.aggregators.fedseca import ABLATIONS
 from fedring.aggregators.fldetector import (
+    FLDetector,
     gap_statistic_k,
     kmeans_1d,
     lbfgs_coefficients,
 )
 from fedring.aggregators.hplus import anomaly_scores, similarity_h
+from fedring.errors import ConfigError
 
 # K = 3, D = 4. Signs: g1 (+,-,+,+), g2 (+,-,+,-), g3 (-,+,-,+).
 # omega: (1,2) = 2/4 > 0, (1,3) = -2/4 < 0, (2,3) = -4/4 < 0  ->  rho = (1/3, 1/3, 0)      (Eqs. 4-5)
@@ -222,6 +224,25 @@ def test_gap_statistic():
     assert gap_statistic_k(np.ones(5), np.random.default_rng(1), nrefs=10, kmax=4) == 1
 
 
+def test_gap_statistic_forms_decide_differently():
+    # Ten scores, ten reference sets from seed 0 (values in gap_statistic_k's docstring): Gap(1) = -0.756 and
+    # Gap(2) - s_2 = -0.806 in Tibshirani's form (mean of log W*: one cluster), -0.714 and -0.663 in the
+    # FLDetector code's form (log of mean W*: more than one, an attack).
+    x = np.array([0.0, 0.0, 0.1, 0.2, 0.3, 0.4, 0.9, 0.9, 1.0, 1.0])
+    assert gap_statistic_k(x, np.random.default_rng(0), nrefs=10, kmax=24) == 1
+    assert gap_statistic_k(x, np.random.default_rng(0), nrefs=10, kmax=24, form="authors") == 2
+    X = np.arange(20.0).reshape(10, 2)
+    for gap, kept in (("tibshirani", np.ones(10)), ("authors", (x < 0.5).astype(float))):
+        a = FLDetector(window=1, gap=gap)
+        st = a.init_state(10, 2)
+        st["scores"][0], st["nscores"][...] = x, 1  # one round of suspicion scores already recorded
+        res = a.aggregate(X, state=st, rng=np.random.default_rng(0))
+        np.testing.assert_array_equal(res.selected, kept)
+        np.testing.assert_allclose(res.vector, X[kept == 1].mean(axis=0))
+    with pytest.raises(ConfigError, match=r"fldetector\.gap"):
+        FLDetector(gap="tibshirany")
+
+
 def _bfgs_dense(S, Y, sigma):
     B = sigma * np.eye(S.shape[1])
     for s, y in zip(S, Y):
@@ -260,7 +281,7 @@ def test_fldetector_flags_an_unpredictable_client():
     st = a.init_state(n, d)
     gen = np.random.default_rng(5)
     kept = []
-    for t in range(9):
+    for _ in range(9):
         G = w @ H + b
         G[4] = rng.normal(size=d) * 3
         res = a.aggregate(G, state=st, rng=gen)

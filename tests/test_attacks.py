@@ -132,7 +132,7 @@ def test_honest_gradients_hidden_from_non_omniscient_and_required_by_omniscient(
 def test_output_dtype_and_shape_follow_byz_for_every_model_attack():
     rng = np.random.default_rng(3)
     honest, byz = rng.normal(0.2, 1, (8, 16)).astype(np.float32), rng.normal(0.2, 1, (3, 16)).astype(np.float32)
-    for name, cls in ATTACKS.items():
+    for name in ATTACKS:
         attack = make_attack(name, {}, n_clients=11)
         if attack.kind != "model":
             continue
@@ -254,9 +254,10 @@ def test_fang_krum_partial_finds_fewest_supporters_then_largest_power_of_two():
     byz = rng.normal(0.3, 1, (5, 20))
     out = FangKrum(variant="partial")(byz, None, ctx(n=12, f=5))
     s = np.sign(byz.sum(0))
-    # brute force with the reference Krum: smallest k, then largest lambda = 2^-j picked
+    # brute force with the reference Krum over the before-attack rows, then k copies: smallest k,
+    # then largest lambda = 2^-j picked
     found = next((k, 2.0**-j) for k in range(1, 5) for j in range(17)
-                 if krum(np.vstack([np.tile(-(2.0**-j) * s, (k, 1)), byz]), k)[1] < k)
+                 if krum(np.vstack([byz, np.tile(-(2.0**-j) * s, (k, 1))]), k)[1] >= 5)
     np.testing.assert_allclose(out, np.tile(-found[1] * s, (5, 1)))
     with pytest.raises(ConfigError, match="at least 2"):
         FangKrum(variant="partial")(byz[:1], None, ctx(n=12, f=1))
@@ -265,6 +266,22 @@ def test_fang_krum_partial_finds_fewest_supporters_then_largest_power_of_two():
     with pytest.raises(ConfigError, match="n > 2f"):
         FangKrum().check(10, 2, 5)
     FangKrum().check(10, 4)
+
+
+def test_fang_krum_partial_copies_after_the_before_attack_rows_as_fldetector_and_flpoison():
+    # 2 attackers, rows (1, 0.2), (-0.9, -1.2): s = sign((0.1, -1.0)) = (1, -1), one copy (-lam, lam), Krum
+    # with f = 1 uses one neighbour. At lam = 1 the copy is 4.64 from row 0 (its nearest) and row 0 is 4.64
+    # from the copy: an exact tie, which Krum gives to the lower index. Copies after the rows (as FLDetector's
+    # dir_partial_krum_lambda and FLPoison's FangAttack), row 0 wins at every lam, and lam halves from 1 until
+    # the next halving would be below tol = 1e-5: 2^-16 (FLDetector's 2e-5 threshold stops there too; FLPoison's
+    # "stop once lam <= 1e-5" halves once more, to 2^-17). Copies first, the copy won the tie at lam = 1.
+    rows = np.array([[1.0, 0.2], [-0.9, -1.2]])
+    out = FangKrum(variant="partial")(rows, None, ctx(n=6, f=2, lr=1.0))
+    np.testing.assert_array_equal(out, [[-(2.0**-16), 2.0**-16]] * 2)
+    G = np.vstack([rows, [[-1.0, 1.0]]])  # the copy at lam = 1, last
+    one_neighbour = np.sort(((G[:, None] - G[None]) ** 2).sum(-1), 1)[:, 1]
+    assert one_neighbour[0] == one_neighbour[2] == pytest.approx(4.64) and one_neighbour[1] == pytest.approx(4.85)
+    assert fang_krum_lambda(rows, np.array([1.0, -1.0]), 1, 1, 1.0, start=1.0) == (1.0, True)  # copies first
 
 
 def test_fang_trim_values_in_the_stated_ranges_and_trimmed_mean_pushed_back():

@@ -38,7 +38,7 @@ def test_read_idx_rows_streamed(tiny_fmnist):
 
 
 def test_clients_get_their_partition_only(tiny_fmnist):
-    root, train, test = tiny_fmnist
+    root, train, _ = tiny_fmnist
     labels = np.arange(300) % 10
     parts = partition(labels, 6, "fang", 0.5, seed=1)
     data = FederatedData("fashion-mnist", str(root), 6, range(2, 4), "fang", 0.5, seed=1)

@@ -70,7 +70,7 @@ def load(root, name):
         }
 
 
-@pytest.mark.parametrize("rule", RULES + ["pre"])
+@pytest.mark.parametrize("rule", [*RULES, "pre"])
 def test_every_server_rule_trains_three_rounds_on_two_ranks(results, rule):
     root, codes = results
     assert codes[f"rule-{rule}"] == 0

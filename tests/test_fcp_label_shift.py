@@ -135,7 +135,7 @@ def test_p2_moreau_closed_form_gradient_range_lipschitz():
 def test_atomrows_gradient_equals_sum_of_atom_gradients():
     rng = np.random.default_rng(5)
     rows_v, rows_w = [], []
-    for r in range(12):
+    for _ in range(12):
         k = int(rng.integers(0, 25))
         rows_v.append(rng.random(k) * 1.5 - 0.2)
         rows_w.append(rng.random(k))
@@ -218,7 +218,7 @@ def test_p5_decomposition_sums_to_global_measure():
     y = 2
     parts = [ls.local_measure(scores[i], labels[i], sel[i], w_hat, y, sizes[i], sizes.sum()) for i in range(4)]
     d = np.array([[p[2] - sizes[i] * w_hat[y] / sizes.sum()] * 3 for i, p in enumerate(parts)])
-    z, p_test, lam = ls.query_decomposition(w_hat, sizes, d)
+    z, _, lam = ls.query_decomposition(w_hat, sizes, d)
     assert lam[:, y].sum() == pytest.approx(1.0)
     assert lam[1, y] == 0.0  # the empty agent carries no weight (its test-atom share is N^i/N = 0)
     # sum_i lambda^i mu^i = mu_y atom by atom (eq. 14)

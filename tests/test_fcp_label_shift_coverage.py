@@ -199,7 +199,7 @@ def test_p7_theorem_4_1_optimisation_error():
     for sigma in (0.0, 0.5):
         noise_rng = np.random.default_rng(26)
 
-        def noise(t):
+        def noise(t, sigma=sigma, noise_rng=noise_rng):
             return sigma * noise_rng.standard_normal((k_steps, 3, seeds))
 
         q_hat = ls.dp_fedavgqe(

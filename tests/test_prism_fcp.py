@@ -4,6 +4,7 @@ false-alarm rate."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -182,7 +183,7 @@ def test_selection_masks_are_uniform_M_subsets():
     assert np.all(np.abs(freq - 0.3) < 4.5 * math.sqrt(0.3 * 0.7 / 20000))  # 1e-5 per coordinate
     assert selection_masks(rng, 2, 4, 4).tolist() == [[0, 1, 2, 3]] * 2
     rr = selection_masks(np.random.default_rng(0), 5, 10, 3, "roundrobin")
-    for a, b in zip(rr[:-1], rr[1:]):  # S_{n+1} is S_n shifted by M (original PSO-Fed)
+    for a, b in itertools.pairwise(rr):  # S_{n+1} is S_n shifted by M (original PSO-Fed)
         assert set(b.tolist()) == {(i + 3) % 10 for i in a.tolist()}
 
 
@@ -239,7 +240,7 @@ def test_P11_theorem3_exact_filtering():
     q = np.zeros(H)
     q[0] = 1.0
     delta = np.linalg.norm(q - p_star)
-    for trial in range(20):
+    for _ in range(20):
         r_b, r_a = 0.2 * delta * rng.uniform(0.1, 1), 0.05 * delta * rng.uniform(0, 1)
         gamma, Gamma = delta - r_a - r_b, delta + r_a + r_b
         assert (Kb - 1) * gamma > B * Gamma + (Kb - 1 - B) * 2 * r_b  # condition (34)

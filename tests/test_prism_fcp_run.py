@@ -5,6 +5,7 @@ ranks."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -63,7 +64,7 @@ def _reference_psofed(cfg, env, shared, seed, trial):
         m[masks[n, k], masks[n, k]] = 1.0
         return m
 
-    I = np.eye(D)
+    eye = np.eye(D)
     w, wk = np.zeros(D), np.zeros((K, D))
     for n in range(1, N + 1):
         part = set(parts[n - 1].tolist())
@@ -71,7 +72,7 @@ def _reference_psofed(cfg, env, shared, seed, trial):
         for k in range(K):
             x, y = env.x_train[n - 1, k], env.y_train[n - 1, k]
             if k in part:
-                prior = S(k, n - 1) @ w + (I - S(k, n - 1)) @ wk[k]
+                prior = S(k, n - 1) @ w + (eye - S(k, n - 1)) @ wk[k]
             elif cfg.local_updates:
                 prior = wk[k]
             else:
@@ -89,7 +90,7 @@ def _reference_psofed(cfg, env, shared, seed, trial):
                 elif cfg.byz_persist == "sent":
                     wk[k] = wk[k] + S(k, n) @ noise
                 sent = sent + noise
-            total += S(k, n) @ sent + (I - S(k, n)) @ w
+            total += S(k, n) @ sent + (eye - S(k, n)) @ w
         w = total / P
     return w
 
@@ -195,7 +196,7 @@ def test_uci_loader_and_split(uci_dir):
     assert data.y_std > 0 and data.feature_names[0] == "number_of_elements"
     bins = decile_bins(data.y)
     assert [b.size for b in bins] == [60] * 10
-    assert all(data.y[a].max() <= data.y[b].min() for a, b in zip(bins[:-1], bins[1:]))
+    assert all(data.y[a].max() <= data.y[b].min() for a, b in itertools.pairwise(bins))
     idx = client_indices(bins, np.random.default_rng(1), 3000)
     assert idx.size == 3000 and idx.min() >= 0 and idx.max() < 600
     bad = uci_dir / "bad"

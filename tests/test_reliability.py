@@ -124,7 +124,7 @@ def start_hung_job(tmp_path, grace: float):
 def ends_within(proc, seconds: float):
     t0 = time.monotonic()
     try:
-        stdout, stderr = proc.communicate(timeout=seconds + 30)
+        _, stderr = proc.communicate(timeout=seconds + 30)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise AssertionError("the job hung after the signal") from None

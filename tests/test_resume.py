@@ -86,7 +86,7 @@ def test_signal_checkpoints_and_exits_75_then_resumes(tmp_path, reference):
                             env=mpi_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_round(proc, 4)
     proc.send_signal(signal.SIGUSR1)  # mpiexec forwards it to the ranks
-    stdout, stderr = proc.communicate(timeout=60)
+    _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 75, stderr
     stopped = snapshot(out)
     assert stopped["status"] == "preempted" and 3 <= stopped["rounds"] < 400

@@ -73,9 +73,9 @@ def test_sections_and_list_valued_settings():
 
 
 def test_expand_errors_name_the_setting():
-    with pytest.raises(ConfigError, match="^seed: an empty list"):
+    with pytest.raises(ConfigError, match=r"^seed: an empty list"):
         expand({"seed": []})
-    with pytest.raises(ConfigError, match='^attack: is a setting, not a section.*"attack.name" = value'):
+    with pytest.raises(ConfigError, match=r'^attack: is a setting, not a section.*"attack\.name" = value'):
         expand({"attack": {"sigma": 200}})
 
 
@@ -125,10 +125,10 @@ def test_load_sweep_overrides_validation_and_dedup(tmp_path):
     assert sw.settings.out_dir == "o" and len(set(sw.hashes)) == 4
     with pytest.raises(ConfigError, match=r"^clients: 1 clients on 2 MPI ranks.*\(in the config .*seed=0"):
         load_sweep(grid, ["clients=1"])
-    with pytest.raises(ConfigError, match="^sweep.ranks: must be >= 1"):
+    with pytest.raises(ConfigError, match=r"^sweep\.ranks: must be >= 1"):
         load_sweep(grid, [], {"ranks": 0})
     grid.write_text("seed = 1\n[sweep]\nnodes = 2\n")
-    with pytest.raises(ConfigError, match="^sweep.nodes: unknown; allowed: out_dir, ranks"):
+    with pytest.raises(ConfigError, match=r"^sweep\.nodes: unknown; allowed: out_dir, ranks"):
         load_sweep(grid)
 
 
@@ -204,7 +204,7 @@ def test_plan_by_file_state(tmp_path):
 def test_task_args(tmp_path):
     (tmp_path / "tasks-x.txt").write_text("aaa\nbbb\n")
     assert task_args(tmp_path / "tasks-x.txt", 1) == ["--config", str(tmp_path / "configs" / "bbb.toml"), "--out", str(tmp_path / "bbb.h5")]
-    with pytest.raises(ConfigError, match="index 2 outside 0..1"):
+    with pytest.raises(ConfigError, match=r"index 2 outside 0\.\.1"):
         task_args(tmp_path / "tasks-x.txt", 2)
 
 

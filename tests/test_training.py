@@ -29,8 +29,8 @@ def test_same_seed_same_results_on_1_2_4_ranks(tmp_path, topology):
         out = tmp_path / f"{topology}{ranks}.h5"
         fedring(ranks, *SMALL, "--topology", topology, "--out", str(out))
         runs.append(load(out))
-    attrs0, metrics0, bytes0, server0, model0 = runs[0]
-    for attrs, metrics, sent, server, model in runs[1:]:
+    _, metrics0, bytes0, server0, model0 = runs[0]
+    for _, metrics, sent, server, model in runs[1:]:
         assert model.tobytes() == model0.tobytes()  # bit for bit
         for name in ("test_accuracy", "test_loss", "train_loss", "bytes_sent", "round"):
             assert metrics[name].tobytes() == metrics0[name].tobytes(), name

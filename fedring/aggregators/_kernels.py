@@ -222,7 +222,7 @@ def combine(w: np.ndarray, X: np.ndarray, extra: np.ndarray | None = None) -> np
     w = np.asarray(w, dtype=np.float64)
     wx = w[..., :n].astype(X.dtype)
     we = None if extra is None or not extra.shape[0] else w[..., n:].astype(X.dtype)
-    out = np.empty(w.shape[:-1] + (d,), X.dtype)
+    out = np.empty((*w.shape[:-1], d), X.dtype)
 
     def task(sls):
         for sl in sls:

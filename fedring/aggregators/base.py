@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -70,14 +71,15 @@ class Aggregator:
     and is finite whenever the finite rows are.
     """
 
-    name: ClassVar[str] = ""
-    needs_reference: ClassVar[bool] = False
-    needs_rng: ClassVar[bool] = False
-    stateful: ClassVar[bool] = False
+    # class defaults that an instance may override (a Pipeline takes its rule's, a parameter may turn one on)
+    name: str = ""
+    needs_reference: bool = False
+    needs_rng: bool = False
+    stateful: bool = False
     #: the rule returns per-client ``selected`` weights
-    selects: ClassVar[bool] = False
+    selects: bool = False
     #: state arrays kept per client: name -> the axis that indexes clients
-    client_state: ClassVar[dict[str, int]] = {}
+    client_state: Mapping[str, int] = {}
 
     def __init__(self, f: int = 0):
         self.f = integer("f", f, lo=0)
@@ -95,7 +97,7 @@ class Aggregator:
         """Explicit state of stateful rules (numpy arrays only, so a checkpoint can save it)."""
         return {}
 
-    def with_f(self, f: int) -> "Aggregator":
+    def with_f(self, f: int) -> Aggregator:
         """This rule told ``f`` declared Byzantine clients (a shallow copy; ``self`` if unchanged)."""
         if f == self.f:
             return self
@@ -144,7 +146,7 @@ class Aggregator:
         result = rule.aggregate(X[keep], state=part, reference=reference, rng=rng)
         for key, value in part.items():
             if key in self.client_state:
-                index = [slice(None)] * value.ndim
+                index: list[slice | np.ndarray] = [slice(None)] * value.ndim
                 index[self.client_state[key]] = keep
                 state[key][tuple(index)] = value
             else:
@@ -173,6 +175,7 @@ class PreAggregator:
     """
 
     name: ClassVar[str] = ""
+    needs_rng: ClassVar[bool] = False
     #: the output has one row per input row (so per-client state behind it stays aligned)
     keeps_rows: ClassVar[bool] = True
 

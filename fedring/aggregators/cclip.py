@@ -81,7 +81,7 @@ class CenteredClipping(Aggregator):
         return {"center": np.zeros(d)}
 
     def _aggregate(self, X, state, reference, rng):
-        n, d = X.shape
+        n = X.shape[0]
         center = state["center"]
         G = gram(X, center[None, :])
         w = np.zeros(n + 1)

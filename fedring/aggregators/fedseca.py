@@ -140,8 +140,8 @@ class FedSECA(Aggregator):
         cfg = {k: (preset[k] if v is None else v) for k, v in given.items()}
         self.gamma = real("fedseca.gamma", cfg["gamma"], 0.0, 1.0, hi_open=True)
         self.beta = real("fedseca.beta", cfg["beta"], 0.0, 1.0, hi_open=True)
-        for k in switches:
-            setattr(self, k, boolean(f"fedseca.{k}", cfg[k]))
+        self.rho, self.coordwise, self.crise, self.vrs, self.clip, self.clamp = (
+            boolean(f"fedseca.{k}", cfg[k]) for k in switches)
         self.clamp_source = choice("fedseca.clamp_source", clamp_source, ("raw", "clipped"))
         self.election_source = choice("fedseca.election_source", election_source, ("raw", "vrs"))
         self.sparsify = choice("fedseca.sparsify", sparsify, (">=", ">"))

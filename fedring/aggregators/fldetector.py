@@ -3,9 +3,11 @@ estimate cannot predict (FedSECA Supp. E.10, Eq. 33; the choices are in docs/fed
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
-from fedring.validate import integer
+from fedring.validate import choice, integer
 
 from ._kernels import block_width, combine, gram, map_blocks
 from .base import AggregateResult, Aggregator, register
@@ -74,12 +76,37 @@ def kmeans_1d(x: np.ndarray, kmax: int) -> tuple[np.ndarray, int]:
     return np.array(W), split
 
 
-def gap_statistic_k(scores: np.ndarray, rng: np.random.Generator, nrefs: int, kmax: int) -> int:
-    r"""Number of clusters by Tibshirani's gap statistic on 1-D scores min-max scaled to [0, 1].
+GAP_FORMS = ("tibshirani", "authors")
 
-    :math:`\mathrm{Gap}(k) = \overline{\log W^*_{k}} - \log W_k` against ``nrefs`` uniform
-    reference sets; the smallest k with :math:`\mathrm{Gap}(k) \ge \mathrm{Gap}(k+1) - s_{k+1}`,
-    :math:`s_k = \mathrm{sd}(\log W^*_k)\sqrt{1 + 1/B}`.
+
+def gap_statistic_k(scores: np.ndarray, rng: np.random.Generator, nrefs: int, kmax: int,
+                    form: str = "tibshirani") -> int:
+    r"""Number of clusters by the gap statistic on 1-D scores min-max scaled to [0, 1].
+
+    Against B = ``nrefs`` uniform reference sets with within-cluster sums of squares
+    :math:`W^*_{kb}`, ``form="tibshirani"`` uses Tibshirani, Walther and Hastie's Eq. (3),
+    the mean of the logs, and ``form="authors"`` the FLDetector code's log of the mean:
+
+    .. math:: \mathrm{Gap}(k) = \frac1B\sum_b \log W^*_{kb} - \log W_k
+              \qquad\text{or}\qquad \log\Big(\frac1B\sum_b W^*_{kb}\Big) - \log W_k
+
+    then the smallest k with :math:`\mathrm{Gap}(k) \ge \mathrm{Gap}(k+1) - s_{k+1}`,
+    :math:`s_k = \mathrm{sd}(\log W^*_k)\sqrt{1 + 1/B}` in both forms (Tibshirani et al.'s
+    Eq. (5) and step 3; kmax if none).
+
+    Examples
+    --------
+    Ten scores, ten reference sets from seed 0. W_1 = 1.616, W_2 = 0.1433; Gap(1), Gap(2) are
+    -0.756, -0.165 in Tibshirani's form and -0.714, -0.021 in the authors' (the log of a mean
+    is at least the mean of the logs, here by more at k = 2), s_2 = 0.641. Tibshirani's form
+    stops at k = 1 (-0.756 >= -0.806), the authors' goes on (-0.714 < -0.663), so only the
+    authors' form reports an attack:
+
+    >>> x = np.array([0.0, 0.0, 0.1, 0.2, 0.3, 0.4, 0.9, 0.9, 1.0, 1.0])
+    >>> gap_statistic_k(x, np.random.default_rng(0), nrefs=10, kmax=24)
+    1
+    >>> gap_statistic_k(x, np.random.default_rng(0), nrefs=10, kmax=24, form="authors")
+    2
     """
     lo, hi = scores.min(), scores.max()
     if not hi > lo:
@@ -89,8 +116,10 @@ def gap_statistic_k(scores: np.ndarray, rng: np.random.Generator, nrefs: int, km
     kmax = max(1, min(kmax, n - 1))
     tiny = 1e-12
     logW = np.log(np.maximum(kmeans_1d(x, kmax)[0], tiny))
-    ref = np.log(np.maximum(np.array([kmeans_1d(rng.uniform(0.0, 1.0, n), kmax)[0] for _ in range(nrefs)]), tiny))
-    gap = ref.mean(axis=0) - logW
+    refW = np.maximum(np.array([kmeans_1d(rng.uniform(0.0, 1.0, n), kmax)[0] for _ in range(nrefs)]), tiny)
+    ref = np.log(refW)
+    expected = ref.mean(axis=0) if form == "tibshirani" else np.log(refW.mean(axis=0))
+    gap = expected - logW
     sd = ref.std(axis=0) * np.sqrt(1.0 + 1.0 / nrefs)
     for k in range(kmax - 1):
         if gap[k] >= gap[k + 1] - sd[k + 1]:
@@ -126,6 +155,10 @@ class FLDetector(Aggregator):
         Uniform reference sets of the gap statistic (10).
     kmax : int
         Largest cluster count tried by the gap statistic (24, i.e. min(K, 25) - 1 for K >= 25).
+    gap : {"tibshirani", "authors"}
+        The gap statistic's expected log dispersion: the mean of the reference sets' log W*_k
+        (Tibshirani et al.'s definition, default) or the log of their mean (the FLDetector
+        code); see ``gap_statistic_k`` and docs/aggregators.md.
 
     State: ``prev`` (the clients' previous gradients, float32 unless init_state gets
     dtype=float64), ``aggs`` (the last N + 1 aggregates), ``scores`` (the last N rounds of
@@ -135,15 +168,16 @@ class FLDetector(Aggregator):
 
     name = "fldetector"
     selects = True
-    client_state = {"prev": 0, "scores": 1}
+    client_state: Mapping[str, int] = {"prev": 0, "scores": 1}
     stateful = True
     needs_rng = True
 
-    def __init__(self, f: int = 0, *, window: int = 10, nrefs: int = 10, kmax: int = 24):
+    def __init__(self, f: int = 0, *, window: int = 10, nrefs: int = 10, kmax: int = 24, gap: str = "tibshirani"):
         super().__init__(f)
         self.window = integer("fldetector.window", window, lo=1)
         self.nrefs = integer("fldetector.nrefs", nrefs, lo=1)
         self.kmax = integer("fldetector.kmax", kmax, lo=2)
+        self.gap = choice("fldetector.gap", gap, GAP_FORMS)
 
     def check(self, n):
         if n < 2:
@@ -179,7 +213,7 @@ class FLDetector(Aggregator):
         return np.sqrt(sum(map_blocks(task, d, block_width(n, 8))))
 
     def _aggregate(self, X, state, reference, rng):
-        n, d = X.shape
+        n = X.shape[0]
         N = self.window
         t = int(state["round"])
         q = min(t, N + 1)  # the aggregates of rounds t-q .. t-1 are stored
@@ -197,7 +231,7 @@ class FLDetector(Aggregator):
         keep = np.ones(n, bool)
         if int(state["nscores"]) >= N:
             suspicion = state["scores"].mean(axis=0)
-            if gap_statistic_k(suspicion, rng, self.nrefs, self.kmax) > 1:
+            if gap_statistic_k(suspicion, rng, self.nrefs, self.kmax, self.gap) > 1:
                 order = np.argsort(suspicion, kind="stable")
                 split = kmeans_1d(suspicion, 2)[1]
                 low, high = order[:split], order[split:]

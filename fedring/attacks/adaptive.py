@@ -8,14 +8,14 @@ the honest gradients and the defence's rule, and choose the malicious vector fro
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from fedring.validate import choice, integer, real
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack
+from .base import ATTACKS, AttackContext, ModelAttack, known
 from .minmax import perturbation
 
 TARGETS = ("brace", "generic")
@@ -167,7 +167,7 @@ class Adaptive(ModelAttack):
 
     def __init__(self, target: str = "brace", **params):
         self.target = choice("attack.target", target, TARGETS)
-        for key, value in params.items():
+        for key in params:
             if _OWN[key][0] != target:
                 raise ConfigError(f"attack.{key}", f"applies to attack.target={_OWN[key][0]!r}, not {target!r}")
         get = lambda key: params.get(key, _OWN[key][1])  # noqa: E731
@@ -187,6 +187,7 @@ class Adaptive(ModelAttack):
                 raise ConfigError("attack.ratio", "must be < 1")
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+        honest = known(honest)
         if self.target == "brace":
             if self.mode == "closed_form":
                 return np.broadcast_to(brace_closed_form(honest), byz.shape)
@@ -194,15 +195,16 @@ class Adaptive(ModelAttack):
             flip = brace_margin_flips(byz, honest, self.lam, self.budget)
             out[:, flip] = -honest.mean(axis=0)[flip]
             return out
-        if ctx.aggregator is None:
+        aggregate = ctx.aggregator
+        if aggregate is None:
             raise ConfigError("attack.target", "'generic' needs the defence's aggregation rule, and none was given")
         mu, dev = honest.mean(axis=0), direction(honest, self.perturbation)
         b = byz.shape[0]
-        reference = np.asarray(ctx.aggregator(np.vstack([byz, honest])), dtype=np.float64)
+        reference = np.asarray(aggregate(np.vstack([byz, honest])), dtype=np.float64)
 
         def deviation(gamma: float) -> float:
             rows = np.vstack([np.broadcast_to(mu - gamma * dev, (b, mu.size)), honest])
-            return float(np.linalg.norm(np.asarray(ctx.aggregator(rows), dtype=np.float64) - reference))
+            return float(np.linalg.norm(np.asarray(aggregate(rows), dtype=np.float64) - reference))
 
         gamma = line_maximize(deviation, self.evals, self.start, self.delta, self.ratio)
         return np.broadcast_to(mu - gamma * dev, byz.shape)

@@ -10,7 +10,7 @@ import numpy as np
 from fedring.validate import choice, real
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack, std
+from .base import ATTACKS, AttackContext, ModelAttack, known, std
 
 
 def alie_z(n: int, f: int) -> float:
@@ -90,8 +90,8 @@ class ALIE(ModelAttack):
             alie_z(n, b)
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        rows = honest if self.stats == "honest" else byz
+        rows = known(honest) if self.stats == "honest" else byz
         mu, sigma = rows.mean(axis=0), std(rows, self.ddof, "attack alie")
-        z = alie_z(ctx.n, byz.shape[0]) if self.z is None else self.z
+        z: float | np.ndarray = alie_z(ctx.n, byz.shape[0]) if self.z is None else self.z
         z = z + (ctx.rng.uniform(-self.jitter, self.jitter, size=(byz.shape[0], 1)) if self.jitter else 0.0)
         return mu + np.broadcast_to(z, (byz.shape[0], 1)) * sigma

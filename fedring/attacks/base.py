@@ -16,8 +16,9 @@ drops them otherwise, so an attack cannot use more than it declares.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -131,6 +132,14 @@ class DataAttack:
 
     def poison(self, x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
+
+
+def known(honest: np.ndarray | None) -> np.ndarray:
+    """The honest gradients in :meth:`ModelAttack.craft` of an attack that is omniscient (as
+    configured): :meth:`ModelAttack.__call__` has checked that they are there."""
+    if honest is None:
+        raise ValueError("an omniscient attack was called without the honest gradients")
+    return honest
 
 
 def std(rows: np.ndarray, ddof: int, who: str) -> np.ndarray:

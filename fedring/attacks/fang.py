@@ -17,7 +17,7 @@ import numpy as np
 from fedring.validate import choice, real
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack
+from .base import ATTACKS, AttackContext, ModelAttack, known
 
 
 def _sq_dists(rows: np.ndarray) -> np.ndarray:
@@ -36,7 +36,7 @@ def _krum_pick(dist: np.ndarray, f: int) -> int:
 
 
 def fang_krum_lambda(benign: np.ndarray, s: np.ndarray, b: int, f: int, lr: float,
-                     tol: float = 1e-5, start: float | None = None) -> tuple[float, bool]:
+                     tol: float = 1e-5, start: float | None = None, copies_last: bool = False) -> tuple[float, bool]:
     r"""Fang et al.'s λ for the Krum attack, and whether Krum then picks an attacker.
 
     The b attackers all send :math:`\tilde g = -(\lambda/\eta)\,s`. λ starts at Fang's bound
@@ -46,10 +46,13 @@ def fang_krum_lambda(benign: np.ndarray, s: np.ndarray, b: int, f: int, lr: floa
               + \frac{\eta}{\sqrt d}\,\max_i \|g_i\|
 
     (or at ``start`` if given; Fang's c is Krum's f) and is halved until Krum (squared
-    distances, n - f - 2 neighbours) over the b crafted copies followed by the benign rows
-    selects a crafted one, or until halving would take it below ``tol`` (then the last λ tried
-    is kept and the second value is False). The distances from the copies to the benign rows
-    are quadratics in λ with precomputed coefficients, so each trial costs O(n^2), not O(n^2 d).
+    distances, n - f - 2 neighbours, at least 1) over the b crafted copies followed by the benign
+    rows (``copies_last``: the benign rows followed by the copies) selects a crafted one, or until
+    halving would take it below ``tol`` (then the last λ tried is kept and the second value is
+    False). Krum breaks ties towards the lower index, so the order decides exact ties: with one
+    neighbour a copy's score equals that of its nearest benign row, and only the copies-first
+    order lets the copy win. The distances from the copies to the benign rows are quadratics in
+    λ with precomputed coefficients, so each trial costs O(n^2), not O(n^2 d).
 
     Parameters
     ----------
@@ -57,6 +60,7 @@ def fang_krum_lambda(benign: np.ndarray, s: np.ndarray, b: int, f: int, lr: floa
     s : (d,) sign of the benign gradient sum (the honest update moves w along -s).
     b : number of crafted copies.  f : Krum's parameter.  lr : learning rate η.
     tol : stop threshold on λ.  start : initial λ instead of Fang's bound.
+    copies_last : put the copies after the benign rows in the simulated Krum.
 
     Examples
     --------
@@ -66,6 +70,16 @@ def fang_krum_lambda(benign: np.ndarray, s: np.ndarray, b: int, f: int, lr: floa
     >>> import numpy as np
     >>> fang_krum_lambda(np.array([[1.], [2.], [3.], [4.]]), np.array([1.]), b=1, f=1, lr=1.0)
     (1.9073486328125e-05, False)
+
+    Rows (1, 0.2), (-0.9, -1.2), s = (1, -1), one copy (-λ, λ) and f = 1 (one neighbour): at
+    λ = 1 the copy is 4.64 from its nearest row and so is that row from the copy. Copies first,
+    the tie goes to the copy; copies last, to the row, and λ halves from 1 to 2^-16:
+
+    >>> rows = np.array([[1.0, 0.2], [-0.9, -1.2]])
+    >>> fang_krum_lambda(rows, np.array([1., -1.]), b=1, f=1, lr=1.0, start=1.0)
+    (1.0, True)
+    >>> fang_krum_lambda(rows, np.array([1., -1.]), b=1, f=1, lr=1.0, start=1.0, copies_last=True)
+    (1.52587890625e-05, False)
     """
     h, d = benign.shape
     n = b + h
@@ -79,14 +93,15 @@ def fang_krum_lambda(benign: np.ndarray, s: np.ndarray, b: int, f: int, lr: floa
         lam = float(start)
 
     ss, sg = float(s @ s), benign @ s
+    copies, rows = (slice(h, n), slice(0, h)) if copies_last else (slice(0, b), slice(b, n))
     dist = np.zeros((n, n))
-    dist[b:, b:] = dist_bb
+    dist[rows, rows] = dist_bb
     while True:
         step = lam / lr
         cross = np.maximum(norms**2 + step**2 * ss + 2.0 * step * sg, 0.0)  # ||-step*s - g_i||^2
-        dist[:b, b:] = cross
-        dist[b:, :b] = cross[:, None]
-        if _krum_pick(dist, f) < b:
+        dist[copies, rows] = cross
+        dist[rows, copies] = cross[:, None]
+        if copies.start <= _krum_pick(dist, f) < copies.stop:
             return lam, True
         if lam / 2 < tol:
             return lam, False
@@ -109,11 +124,14 @@ class FangKrum(ModelAttack):
     always selected and Fang's bound has a negative denominator, so this follows the public
     code (FLDetector ``dir_partial_krum_lambda``, FLPoison ``FangAttack``): for k = 1, 2, ...,
     b − 1 supporters, λ starts at 1 (gradient units, not scaled by η) and is halved until Krum
-    with f = k over the k copies and the b before-attack rows selects a copy; the first k that
-    succeeds fixes λ. Needs b >= 2.
+    with f = k over the b before-attack rows followed by the k copies selects a copy; the first
+    k that succeeds fixes λ. Needs b >= 2. The copies come last, as in both codes, so Krum's
+    ties go to the before-attack rows: with b <= 3 Krum uses one neighbour, a copy never beats
+    its nearest row, and λ halves down to ``tol``.
 
     All copies are identical (Fang samples supporters within ε of w'_1; FLPoison and FLDetector
-    copy it exactly). The crafted copies come first in the simulated Krum, so ties favour them.
+    copy it exactly). In the full variant the crafted copies come first, as in FLDetector's
+    ``dir_full_krum_lambda`` (the attackers are its first f rows), so ties favour them.
     η = ``ctx.lr``.
 
     Parameters
@@ -146,12 +164,13 @@ class FangKrum(ModelAttack):
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         b = byz.shape[0]
         if self.variant == "full":
+            honest = known(honest)
             s = np.sign(byz.sum(axis=0) + honest.sum(axis=0))
             lam, _ = fang_krum_lambda(honest, s, b, ctx.f, ctx.lr, self.tol)
             return np.broadcast_to(-(lam / ctx.lr) * s, byz.shape)
         s = np.sign(byz.sum(axis=0))
         for supporters in range(1, b):
-            lam, chosen = fang_krum_lambda(byz, s, supporters, supporters, 1.0, self.tol, start=1.0)
+            lam, chosen = fang_krum_lambda(byz, s, supporters, supporters, 1.0, self.tol, start=1.0, copies_last=True)
             if chosen:
                 break
         return np.broadcast_to(-lam * s, byz.shape)
@@ -198,7 +217,7 @@ class FangTrim(ModelAttack):
         if self.variant == "partial":
             mu, sigma = byz.mean(axis=0), byz.std(axis=0)
             return mu - np.sign(mu) * sigma * ctx.rng.uniform(3.0, 4.0, size=byz.shape)
-        rows = np.vstack([byz, honest])
+        rows = np.vstack([byz, known(honest)])
         s = np.sign(rows.sum(axis=0))
         base = np.where(s > 0, rows.min(axis=0), rows.max(axis=0))
         r = ctx.rng.uniform(1.0, self.b, size=byz.shape)

@@ -7,7 +7,7 @@ import numpy as np
 from fedring.validate import choice, real
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack
+from .base import ATTACKS, AttackContext, ModelAttack, known
 
 SOURCES = ("own", "mean", "sum")
 
@@ -15,6 +15,7 @@ SOURCES = ("own", "mean", "sum")
 def _reference(source: str, byz: np.ndarray, honest: np.ndarray | None) -> np.ndarray:
     if source == "own":
         return byz
+    honest = known(honest)
     ref = honest.mean(axis=0) if source == "mean" else honest.sum(axis=0)
     return np.broadcast_to(ref, byz.shape)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import ATTACKS, AttackContext, ModelAttack
+from .base import ATTACKS, AttackContext, ModelAttack, known
 
 
 @ATTACKS.register
@@ -35,4 +35,4 @@ class HPlusAttack(ModelAttack):
     knowledge = "omniscient"
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        return np.broadcast_to(-honest.mean(axis=0), byz.shape)
+        return np.broadcast_to(-known(honest).mean(axis=0), byz.shape)

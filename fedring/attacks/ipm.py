@@ -11,7 +11,7 @@ import numpy as np
 
 from fedring.validate import real
 
-from .base import ATTACKS, AttackContext, ModelAttack
+from .base import ATTACKS, AttackContext, ModelAttack, known
 
 
 @ATTACKS.register
@@ -53,7 +53,7 @@ class IPM(ModelAttack):
         eps = np.full((byz.shape[0], 1), self.epsilon)
         if self.jitter:
             eps += ctx.rng.uniform(-self.jitter, self.jitter, size=eps.shape)
-        return -eps * honest.mean(axis=0)
+        return -eps * known(honest).mean(axis=0)
 
 
 @ATTACKS.register
@@ -90,4 +90,4 @@ class FoE(ModelAttack):
         self.q = real("attack.q", q)
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        return np.broadcast_to(self.q * honest.mean(axis=0), byz.shape)
+        return np.broadcast_to(self.q * known(honest).mean(axis=0), byz.shape)

@@ -7,7 +7,7 @@ import numpy as np
 from fedring.validate import integer
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack
+from .base import ATTACKS, AttackContext, ModelAttack, known
 
 
 def mimic_target(honest: np.ndarray) -> int:
@@ -67,8 +67,6 @@ class Mimic(ModelAttack):
             raise ConfigError("attack.worker", f"must be < the number of honest clients ({n - b}), got {self.worker}")
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        if self.worker is None:
-            k = mimic_target(honest)
-        else:
-            k = self.worker
+        honest = known(honest)
+        k = mimic_target(honest) if self.worker is None else self.worker
         return np.broadcast_to(honest[k], byz.shape)

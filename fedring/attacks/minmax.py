@@ -6,7 +6,7 @@ import numpy as np
 
 from fedring.validate import choice, real
 
-from .base import ATTACKS, AttackContext, ModelAttack, std
+from .base import ATTACKS, AttackContext, ModelAttack, known, std
 
 PERTURBATIONS = ("unit_vec", "std", "sign")
 
@@ -120,6 +120,7 @@ class MinMax(ModelAttack):
         return min_max_sum_gamma(honest, self.constraint, dev, self.gamma_init, self.tol, self.bound), dev
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+        honest = known(honest)
         gamma, dev = self.gamma(honest)
         return np.broadcast_to(honest.mean(axis=0) - gamma * dev, byz.shape)
 

@@ -53,7 +53,7 @@ class NonFinite(ModelAttack):
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         out = byz.copy()
-        b, d = out.shape
+        d = out.shape[1]
         k = math.ceil(self.fraction * d)
         for row in out:
             where = slice(None) if k == d else ctx.rng.choice(d, k, replace=False)

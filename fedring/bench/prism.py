@@ -117,10 +117,7 @@ def main(argv: list[str]) -> int:
         world.Ibarrier().Wait()
     else:
         _wait_quietly(world)
-    if world.size > 1:
-        mpi = (*_time_training(s, args.repeats, world), world.size)
-    else:
-        mpi = _mpi_half(args, argv)
+    mpi = (*_time_training(s, args.repeats, world), world.size) if world.size > 1 else _mpi_half(args, argv)
     if world.rank != 0:
         return 0
     t1, w1, up1 = single

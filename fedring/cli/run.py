@@ -77,7 +77,8 @@ def run_parser() -> ArgumentParser:
     add("--declared-f", dest="declared_f", type=int, metavar="F", help="the Byzantine count the defence is told (default: the actual count)")
     add("--attack", metavar="NAME", help=f"none, {', '.join(ATTACKS)} (default none); parameters as attack.KEY")
     add("--dataset", help=f"{', '.join(DATASETS)} (default {d.dataset}); its default model fits its images")
-    add("--data-dir", dest="data_dir", metavar="DIR", help="the data set's files (Fashion-MNIST: default $FEDRING_DATA, else Debian's /usr/share/datasets/fashion-mnist; CIFAR-10: the cifar-10-batches-py folder)")
+    add("--data-dir", dest="data_dir", metavar="DIR", help="the data set's files (Fashion-MNIST: default $FEDRING_DATA, else Debian's "
+        "/usr/share/datasets/fashion-mnist; CIFAR-10: the cifar-10-batches-py folder)")
     add("--model", metavar="NAME", help="the network: cnn (28x28 grey images; default) or cnn_cifar (32x32 colour: cifar10)")
     add("--partition", help=f"{', '.join(PARTITIONS)} (default {d.partition})")
     add("--noniid", type=float, metavar="X", help=f"Fang's degree q, or the Dirichlet alpha (default {d.noniid})")
@@ -192,7 +193,7 @@ def headline(overwrite: bool = False, quiet: bool = False) -> int:
     clash = f"{', '.join(existing)} exist(s) from an earlier run: pass --overwrite to run the headline again"
     agree_on_config_error(comm, ConfigError("out", clash) if existing and not overwrite else None)
     clients = max(comm.size, 5)  # one Byzantine client at least, also on one or two ranks
-    for name, out, args, _ in HEADLINE:
+    for _, out, args, _ in HEADLINE:
         lam = ["--set", f"brace.lambda={0.05 * clients:g}"] if "brace" in args else []
         code = run([*HEADLINE_COMMON, *args, *lam, "--clients", str(clients), "--out", out,
                     *(["--overwrite"] if overwrite else []), *(["--quiet"] if quiet else [])])

@@ -193,7 +193,7 @@ def run_local(sweep: Sweep, pending: list[int]) -> int:
         if args is None:
             continue
         wait_until(parallel - 1)
-        log = open(sweep.out_dir / "logs" / f"local-{h}.out", "a") if parallel > 1 else None
+        log = open(sweep.out_dir / "logs" / f"local-{h}.out", "a") if parallel > 1 else None  # noqa: SIM115 (wait_until closes it)
         print(f"[{k + 1}/{len(pending)}] config {h}" + (f" (log: {log.name})" if log else ""), flush=True)
         cmd = [*launch, sys.executable, "-m", "fedring", "run", *args]
         running.append((h, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT if log else None), log))

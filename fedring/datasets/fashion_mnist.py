@@ -19,7 +19,7 @@ FILES = {
     "test_images": "t10k-images-idx3-ubyte.gz",
     "test_labels": "t10k-labels-idx1-ubyte.gz",
 }
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_IDX_DTYPES = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
 def _idx_header(f) -> tuple[np.dtype, tuple[int, ...]]:
@@ -49,7 +49,7 @@ def read_idx(path: str | Path, rows: np.ndarray | None = None, block: int = 4096
         for start in range(0, shape[0], block):
             stop = min(start + block, shape[0])
             buf = f.read((stop - start) * row_bytes)
-            hi = np.searchsorted(rows, stop)
+            hi = int(np.searchsorted(rows, stop))
             if hi > done:
                 part = np.frombuffer(buf, dtype=dtype).reshape(stop - start, *row_shape)
                 out[done:hi] = part[rows[done:hi] - start]

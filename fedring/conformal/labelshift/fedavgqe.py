@@ -99,7 +99,7 @@ def dp_fedavgqe(
     """
     n_q = int(np.asarray(q0).shape[0])
     own = net is None
-    if own:
+    if net is None:
         net = Network(Layout(rows.n_rows // max(n_q, 1), MPI.COMM_SELF))
     try:
         server = net.layout.rank == 0
@@ -109,7 +109,7 @@ def dp_fedavgqe(
             q = net.broadcast_from_server(q if server else None, phase, (n_q,), np.float64)
             dq, dqbar = fedavgqe_local_round(q, rows, local_steps, eta, None if noise is None else noise(t))
             both = net.gather_to_server(np.concatenate([dq, dqbar], axis=1), phase)
-            if server:
+            if both is not None:  # on the server
                 coef = np.asarray(lam, dtype=np.float64)
                 if participation is not None:
                     mask = participation(t)

@@ -143,7 +143,7 @@ class Plan:
     participants: int | None = None
     shared_subsample: bool = False
 
-    def check(self) -> "Plan":
+    def check(self) -> Plan:
         check_numbers(alpha=self.alpha, delta=self.delta, count_noise=self.count_noise, rounds=self.rounds,
                       local_steps=self.local_steps, gamma=self.gamma, eta=self.eta, participants=self.participants)
         return self
@@ -203,7 +203,7 @@ class Protocol:
                 counts[a, :, bi] = [noisy if src else exact for src in self.sources]
         gathered = self.net.gather_to_server(counts.reshape(counts.shape[0], -1), "labelshift/counts")
         w = None
-        if self.server:
+        if gathered is not None:  # on the server
             g = gathered.reshape(self.n, len(self.sources), b, c)
             w = np.array([[[mle_weights(g[:, si, bi], star) for star in self.targets] for bi in range(b)]
                           for si in range(len(self.sources))])
@@ -226,7 +226,7 @@ class Protocol:
                      for t in trials]
             nbar = np.array([np.repeat(d, c, axis=0) if plan.shared_subsample else d for d in draws])
         nbar = self.net.broadcast_from_server(nbar, "labelshift/subsample", (b, c, self.n), np.int64)
-        selected = {}
+        selected: dict[int, list] = {}
         for i in self.local_clients:
             selected[i] = []
             for bi, t in enumerate(trials):
@@ -249,7 +249,7 @@ class Protocol:
                 for si, src in enumerate(self.sources):
                     sums[a, si, bi] = w_hat[src][bi][:, lab] @ sel.T  # (targets, query labels)
         gathered = self.net.gather_to_server(sums.reshape(sums.shape[0], -1), "labelshift/weight-sums")
-        if not self.server:
+        if gathered is None:  # not the server
             return {}
         g = gathered.reshape(self.n, len(self.sources), b, n_tg, self.c)
         return {src: query_decomposition(w_hat[src], self.sizes, g[:, si])[2] for si, src in enumerate(self.sources)}
@@ -277,7 +277,9 @@ class Protocol:
         c, n_tg, b, n_v = self.c, len(self.targets), len(trials), len(self.variants)
         shape = (n_v, b, n_tg, c)
         n_q = int(np.prod(shape))
-        lam_all = sigma = eps = None
+        lam_all: np.ndarray | None = None
+        sigma: np.ndarray | None = None
+        eps: np.ndarray | None = None
         if self.server:
             lam_all = np.stack([lam[int(v.noisy_counts)] for v in self.variants], axis=1)  # (n, V, B, targets, C)
             sigma, eps = self._noise_scales(lam_all)
@@ -298,11 +300,11 @@ class Protocol:
         rows = AtomRows(values, weights, plan.alpha, plan.gamma)
         noise = self._noise(trials, sigma) if np.any(sigma > 0) else None
         participation = self._participation(trials) if self.participants < self.n and self.server else None
-        q_hat = dp_fedavgqe(rows, lam_all.reshape(self.n, n_q) if self.server else None, q0=np.full(n_q, self.q0),
+        q_hat = dp_fedavgqe(rows, None if lam_all is None else lam_all.reshape(self.n, n_q), q0=np.full(n_q, self.q0),
                             rounds=plan.rounds, local_steps=plan.local_steps, eta=self.eta, noise=noise,
                             participation=participation, net=net)
-        res = {"fed_q": q_hat.reshape(shape)}
-        if self.server:
+        res: dict[str, np.ndarray | None] = {"fed_q": q_hat.reshape(shape)}
+        if lam_all is not None:  # on the server
             res.update(fed_sigma=sigma, fed_eps=eps, fed_lam_max=lam_all.max(axis=0))
         return res
 
@@ -320,7 +322,7 @@ class Protocol:
                                                     extra=(job[2], job[0].number)) for job in jobs]
                 for i in self.local_clients]
         sig = sigma.reshape(-1)
-        chunk, buf = 50, {}
+        chunk, buf = 50, dict[int, np.ndarray]()
 
         def noise(t: int) -> np.ndarray:
             start = t - t % chunk
@@ -370,7 +372,7 @@ class Protocol:
                 if cal["selected"] is not None:
                     sel[i, bi, :, : d.scores.size] = cal["selected"][i][bi]
         g_sc, g_lb, g_sel = (self.net.sum_to_server(x) for x in (sc, lb, sel))
-        if not self.server:
+        if g_sc is None or g_lb is None or g_sel is None:  # not the server
             return None
         g_sel = g_sel.astype(bool)
         n_tg = len(self.targets)
@@ -386,6 +388,7 @@ class Protocol:
                 if "unweighted-global" in out:
                     out["unweighted-global"][bi, s] = unweighted_threshold(all_sc, plan.alpha)
                 if "oracle" in out:
+                    assert priors is not None  # "oracle" is wanted only with priors
                     w_star = oracle_weights(priors, self.sizes, star)
                     out["oracle"][bi, s] = label_shift_thresholds(all_sc, all_lb, w_star, plan.alpha)
                 for src in self.sources:
@@ -406,7 +409,7 @@ class Protocol:
         local = {i: [exp.agent_data(t, i) for t in trials] for i in self.local_clients}
         cal = self.calibrate(trials, local)
         base = self.centralised(trials, local, cal, exp.priors)
-        if not self.server:
+        if base is None:  # not the server
             return None
         thresholds = dict(base["thresholds"])
         for vi, v in enumerate(self.variants):
@@ -521,6 +524,7 @@ def dp_fedcp_thresholds(
         base = job.centralised([0], local, cal, None)
     finally:
         net.comm.Free()
+    assert base is not None  # one rank, the server
     v = chosen[0]
     src = int(v.noisy_counts)
     return {

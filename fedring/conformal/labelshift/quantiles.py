@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -214,7 +215,7 @@ class AtomRows:
 
     def _count(self, t: np.ndarray, strict: bool) -> np.ndarray:
         """Per row, ``#{v < t}`` (strict) or ``#{v <= t}``."""
-        side = "left" if strict else "right"
+        side: Literal["left", "right"] = "left" if strict else "right"
         # Clipping keeps each search inside its own row's band; beyond the atoms the counts saturate.
         p = np.searchsorted(self.keys, np.clip(t - self.vmin, -1.0, self.width + 1.0) + self.offset, side=side)
         before = np.less if strict else np.less_equal

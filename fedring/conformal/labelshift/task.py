@@ -233,6 +233,7 @@ class LabelShiftJob(TrialJob):
     """The trials of one run: Algorithm 2 and the baselines per batch (:class:`.protocol.Protocol`)."""
 
     size_kind = "set size"
+    settings: LabelShiftSettings
 
     def __init__(self, cfg: Config, comm: MPI.Comm, net: Network, settings: LabelShiftSettings, exp,
                  targets: list[int]):
@@ -269,7 +270,7 @@ class LabelShiftJob(TrialJob):
         nan = np.full(self.exp.n_classes, np.nan)
         rows = []
         for bi in range(len(trials)):
-            row = {key: [] for key in FIELDS}
+            row: dict[str, list] = {key: [] for key in FIELDS}
             for s in range(len(self.targets)):
                 for name in self.names:
                     for key in FIELDS:

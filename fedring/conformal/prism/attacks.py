@@ -113,9 +113,9 @@ def make_calib_attack(name: str, params: dict | None = None) -> CalibrationAttac
 
     >>> make_calib_attack("coverage", {"factor": 2.0}).factor
     2.0
-    >>> make_calib_attack("coverage", {"factr": 2.0})
+    >>> make_calib_attack("coverage", {"factr": 2.0})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    fedring.errors.ConfigError: coverage.factr: unknown parameter of calibration attack coverage; did you mean 'factor'? allowed: factor, mean
+    fedring.errors.ConfigError: coverage.factr: unknown parameter of ... coverage; did you mean 'factor'? allowed: factor, mean
     """
     if name == "none":
         return None

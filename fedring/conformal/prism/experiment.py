@@ -316,6 +316,7 @@ class PrismJob(TrialJob):
     ``/calibration`` row each (:class:`fedring.conformal.trials.TrialJob`)."""
 
     size_kind = "interval width"
+    settings: PrismSettings
 
     def __init__(self, cfg: Config, comm: MPI.Comm):
         from .task import PrismSettings

@@ -39,8 +39,7 @@ _PROPERTIES = ("atomic_mass", "fie", "atomic_radius", "Density", "ElectronAffini
                "FusionHeat", "ThermalConductivity", "Valence")
 _STATISTICS = ("mean", "wtd_mean", "gmean", "wtd_gmean", "entropy", "wtd_entropy",
                "range", "wtd_range", "std", "wtd_std")
-COLUMNS = (("number_of_elements",)
-           + tuple(f"{s}_{p}" for p in _PROPERTIES for s in _STATISTICS) + (TARGET,))
+COLUMNS = ("number_of_elements", *(f"{s}_{p}" for p in _PROPERTIES for s in _STATISTICS), TARGET)
 
 
 @dataclass(frozen=True)
