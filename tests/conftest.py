@@ -1,18 +1,47 @@
-"""Shared helpers: run fedring (or a script) under ``mpiexec -n N`` with a hard timeout."""
+"""Shared helpers: run fedring (or a script) under ``mpiexec -n N`` with a hard timeout, or a
+command in this process (:func:`fedring_cli`, :func:`analysis_cli`: no interpreter to start)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = shutil.which("mpiexec")
+
+#: processes the tests started, per test file: ``mpiexec`` launches and other programs (interpreters, sbatch)
+LAUNCHES: Counter = Counter()
+_popen_init = subprocess.Popen.__init__
+
+
+def _counting_popen_init(self, args, *a, **kw):
+    program = Path(str(args[0] if isinstance(args, (list, tuple)) else str(args).split()[0])).name
+    test = os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)").split("::")[0]
+    LAUNCHES[(test, "mpiexec" if program == "mpiexec" else "other")] += 1
+    _popen_init(self, args, *a, **kw)
+
+
+def pytest_configure(config):
+    subprocess.Popen.__init__ = _counting_popen_init
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print how many processes each test file launched (the suite's time goes mostly to launches)."""
+    if not LAUNCHES:
+        return
+    terminalreporter.section("process launches")
+    for test in sorted({t for t, _ in LAUNCHES}):
+        terminalreporter.write_line(f"{LAUNCHES[test, 'mpiexec']:4d} mpiexec {LAUNCHES[test, 'other']:4d} other  {test}")
+    total = {kind: sum(n for (_, k), n in LAUNCHES.items() if k == kind) for kind in ("mpiexec", "other")}
+    terminalreporter.write_line(f"{total['mpiexec']:4d} mpiexec {total['other']:4d} other  in all")
 
 
 def mpi_env() -> dict:
@@ -49,6 +78,60 @@ training.train_round = train_round
 from fedring.cli import main
 sys.exit(main(sys.argv[2:]))
 """
+
+
+@pytest.fixture
+def fedring_cli(capsys, monkeypatch):
+    """``python -m fedring ARGS`` on one rank in this process, for runs that end at a settings error
+    (exit 2 before any work): a CompletedProcess with the exit code and what was printed. Runs
+    from ``cwd`` when given. The signal handlers a run installs are put back afterwards."""
+    from fedring.cli import main
+
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+    handlers = {sig: signal.getsignal(sig) for sig in stop_signals}
+
+    def call(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        argv = [str(a) for a in args]
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            code = main(argv)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            signal.set_wakeup_fd(-1)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["python", "-m", "fedring", *argv], code, out, err)
+
+    return call
+
+
+@pytest.fixture
+def analysis_cli(capsys, monkeypatch):
+    """``python -m analysis ARGS`` in this process, from directory ``cwd`` (not the repository):
+    a CompletedProcess with the exit code and what was printed, a SystemExit reported as the
+    interpreter would (a message on stderr, exit 1)."""
+    from mpi4py import MPI  # noqa: F401 -- initialised here, as fedring's tests do: analysis would import it uninitialised
+
+    from analysis.__main__ import main
+
+    def call(*args, cwd: Path) -> subprocess.CompletedProcess:
+        argv = [str(a) for a in args]
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            if isinstance(e.code, int) or e.code is None:
+                code = e.code or 0
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["python", "-m", "analysis", *argv], code, out, err)
+
+    return call
 
 
 def crash_at_round(tmp_path: Path, ranks: int, round_: int, args: list[str]) -> subprocess.CompletedProcess:
