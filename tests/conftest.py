@@ -3,6 +3,7 @@ command in this process (:func:`fedring_cli`, :func:`analysis_cli`: no interpret
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -63,6 +64,26 @@ def run_mpi(n: int, args: list[str], timeout: float = 180, check: bool = True) -
 
 def fedring(n: int, *args: str, **kw) -> subprocess.CompletedProcess:
     return run_mpi(n, ["-m", "fedring", *args], **kw)
+
+
+#: ``python many.py RUNS.json``: ``python -m fedring ARGS`` for every named ARGS of RUNS.json in turn,
+#: in one process (torch and MPI start once); the exit codes go to RUNS.json.codes.
+MANY = """
+import json, sys
+from fedring.cli import main
+runs = json.load(open(sys.argv[1]))
+codes = {name: main(args) for name, args in runs.items()}
+json.dump(codes, open(sys.argv[1] + ".codes", "w"))
+"""
+
+
+def fedring_many(ranks: int, runs: dict[str, list[str]], workdir: Path, timeout: float = 600) -> dict[str, int]:
+    """Run several fedring command lines one after the other in one ``mpiexec -n ranks`` job
+    (its start-up paid once); returns each one's exit code by name."""
+    (workdir / "many.py").write_text(MANY)
+    (workdir / "runs.json").write_text(json.dumps({name: [str(a) for a in args] for name, args in runs.items()}))
+    run_mpi(ranks, [str(workdir / "many.py"), str(workdir / "runs.json")], timeout=timeout)
+    return json.loads((workdir / "runs.json.codes").read_text())
 
 
 #: ``python crash.py ROUND ARGS...``: fedring run ARGS, raising in round ROUND (0-based) on every rank.
