@@ -101,6 +101,17 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+def exit_code(main, argv: list[str]) -> int:
+    """``sys.exit(main(argv))``'s exit status, a SystemExit reported as the interpreter would."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        if isinstance(e.code, int) or e.code is None:
+            return e.code or 0
+        print(e.code, file=sys.stderr)  # sys.exit("message")
+        return 1
+
+
 @pytest.fixture
 def fedring_cli(capsys, monkeypatch):
     """``python -m fedring ARGS`` on one rank in this process, for runs that end at a settings error
@@ -117,7 +128,7 @@ def fedring_cli(capsys, monkeypatch):
             monkeypatch.chdir(cwd)
         capsys.readouterr()
         try:
-            code = main(argv)
+            code = exit_code(main, argv)
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
@@ -131,8 +142,7 @@ def fedring_cli(capsys, monkeypatch):
 @pytest.fixture
 def analysis_cli(capsys, monkeypatch):
     """``python -m analysis ARGS`` in this process, from directory ``cwd`` (not the repository):
-    a CompletedProcess with the exit code and what was printed, a SystemExit reported as the
-    interpreter would (a message on stderr, exit 1)."""
+    a CompletedProcess with the exit code and what was printed."""
     from mpi4py import MPI  # noqa: F401 -- initialised here, as fedring's tests do: analysis would import it uninitialised
 
     from analysis.__main__ import main
@@ -141,14 +151,7 @@ def analysis_cli(capsys, monkeypatch):
         argv = [str(a) for a in args]
         monkeypatch.chdir(cwd)
         capsys.readouterr()
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            if isinstance(e.code, int) or e.code is None:
-                code = e.code or 0
-            else:
-                print(e.code, file=sys.stderr)
-                code = 1
+        code = exit_code(main, argv)
         out, err = capsys.readouterr()
         return subprocess.CompletedProcess(["python", "-m", "analysis", *argv], code, out, err)
 

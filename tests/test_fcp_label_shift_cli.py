@@ -76,13 +76,13 @@ def assert_same_rows(a, b):
         (["--model-from", "/nonexistent.h5"], "labelshift.model_from"),
     ],
 )
-def test_bad_settings_raise_config_error_before_work(argv, key, tmp_path):
+def test_bad_settings_raise_config_error_before_work(argv, key, tmp_path, fedring_cli):
     out = tmp_path / "r.h5"
     with pytest.raises(ConfigError) as e:
         prepare([*argv, "--out", out])
     assert e.value.key == key
     assert not out.exists()
-    proc = labelshift(*argv, "--out", out, check=False)
+    proc = fedring_cli("conformal", "labelshift", *argv, "--out", out)
     assert proc.returncode == 2 and f"{key}:" in proc.stderr, proc.stderr
     assert not out.exists()
 
@@ -97,10 +97,10 @@ def test_malformed_npz(tmp_path):
         ls.load_logits_npz(str(bad))
 
 
-def test_refuses_to_overwrite(tmp_path):
+def test_refuses_to_overwrite(tmp_path, fedring_cli):
     out = tmp_path / "r.h5"
     out.write_bytes(b"precious")
-    assert labelshift("--trials", "1", *FAST, "--out", out, check=False).returncode == 2
+    assert fedring_cli("conformal", "labelshift", "--trials", "1", *FAST, "--out", out).returncode == 2
     assert out.read_bytes() == b"precious"
     assert labelshift("--trials", "1", *FAST, "--out", out, "--overwrite").returncode == 0
     assert h5py.is_hdf5(out)

@@ -241,7 +241,7 @@ def assert_same_rows(a, b) -> None:
         assert np.array_equal(ra[name], rb[name]), name
 
 
-def test_cli_writes_hdf5_and_refuses_overwrite(tmp_path):
+def test_cli_writes_hdf5_and_refuses_overwrite(tmp_path, fedring_cli):
     out = tmp_path / "r.h5"
     args = ["--trials", "2", "--calib-attack", "efficiency", "--out", str(out)]
     prism(1, *args)
@@ -261,7 +261,7 @@ def test_cli_writes_hdf5_and_refuses_overwrite(tmp_path):
         assert f.attrs["status"] == "complete" and f.attrs["task"] == "prism"
         sent = f["comm/bytes_sent"][()]
         assert sent.shape == (2, 12) and sent[0].sum() == rows["bytes_train_up"][0, 0] + rows["bytes_calib_up"][0, 0]
-    again = prism(1, *args, check=False)
+    again = fedring_cli("conformal", "prism", *TINY_ARGS, "--quiet", *args)
     assert again.returncode == 2 and "exists" in again.stderr
     prism(1, *args, "--overwrite")
 
@@ -270,8 +270,8 @@ def test_cli_writes_hdf5_and_refuses_overwrite(tmp_path):
                                  ["--dataset", "uci"], ["--dataset", "uci", "--data-dir", "/nonexistent"],
                                  ["--byz-persist", "maybe"], ["--clients", "12", "--byzantine", "12"],
                                  ["--set", "coverage.factor=0"], ["--set", "krum.variant=byzfl"]])
-def test_cli_rejects_bad_settings(bad, tmp_path):
-    proc = prism(1, *bad, "--out", str(tmp_path / "x.h5"), check=False)
+def test_cli_rejects_bad_settings(bad, tmp_path, fedring_cli):
+    proc = fedring_cli("conformal", "prism", *TINY_ARGS, "--quiet", *bad, "--out", tmp_path / "x.h5")
     assert proc.returncode == 2 and "error" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "x.h5").exists()
 
