@@ -77,13 +77,14 @@ json.dump(codes, open(sys.argv[1] + ".codes", "w"))
 """
 
 
-def fedring_many(ranks: int, runs: dict[str, list[str]], workdir: Path, timeout: float = 600) -> dict[str, int]:
+def fedring_many(ranks: int, runs: dict[str, list[str]], workdir: Path,
+                 timeout: float = 600) -> tuple[dict[str, int], subprocess.CompletedProcess]:
     """Run several fedring command lines one after the other in one ``mpiexec -n ranks`` job
-    (its start-up paid once); returns each one's exit code by name."""
+    (its start-up paid once): each one's exit code by name, and the job (its output)."""
     (workdir / "many.py").write_text(MANY)
     (workdir / "runs.json").write_text(json.dumps({name: [str(a) for a in args] for name, args in runs.items()}))
-    run_mpi(ranks, [str(workdir / "many.py"), str(workdir / "runs.json")], timeout=timeout)
-    return json.loads((workdir / "runs.json.codes").read_text())
+    proc = run_mpi(ranks, [str(workdir / "many.py"), str(workdir / "runs.json")], timeout=timeout)
+    return json.loads((workdir / "runs.json.codes").read_text()), proc
 
 
 #: ``python crash.py ROUND ARGS...``: fedring run ARGS, raising in round ROUND (0-based) on every rank.

@@ -244,6 +244,7 @@ def test_conformal_table_reads_the_calibration_layout(tmp_path, analysis_cli):
     assert out.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_real_runs_end_to_end(tmp_path):
     """A real (tiny) run through load and table: the numbers are the file's own."""
     fedring(1, "run", "--dataset", "synthetic", "--clients", "3", "--rounds", "2", "--eval-every", "1", "--topology",

@@ -40,7 +40,7 @@ def configs():
 def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     runs = {name: [*COMMON, *args, "--out", str(root / f"{name}.h5")] for name, args in configs().items()}
-    return root, fedring_many(2, runs, root, timeout=900)
+    return root, fedring_many(2, runs, root, timeout=900)[0]
 
 
 def load(root, name):

@@ -53,6 +53,7 @@ def test_config_error_on_two_ranks_is_said_once_and_every_rank_exits_2(tmp_path)
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_existing_output_needs_overwrite(tmp_path, fedring_cli):
     out = tmp_path / "x.h5"
     out.write_bytes(b"keep me")
@@ -64,6 +65,7 @@ def test_existing_output_needs_overwrite(tmp_path, fedring_cli):
         assert f.attrs["status"] == "complete"
 
 
+@pytest.mark.slow
 def test_toml_config_and_precedence(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('dataset = "synthetic"\nclients = 4\nrounds = 5\nseed = 3\n')
