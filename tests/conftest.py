@@ -18,13 +18,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = shutil.which("mpiexec")
 
-#: processes the tests started, per test file: ``mpiexec`` launches and other programs (interpreters, sbatch)
+#: processes the tests started themselves, per test file: ``mpiexec`` jobs and other programs (interpreters,
+#: bash, sbatch); not those these start (a local sweep's runs). Outside tests: pytest plugins' own commands.
 LAUNCHES: Counter = Counter()
 _popen_init = subprocess.Popen.__init__
 
 
 def _counting_popen_init(self, args, *a, **kw):
-    program = Path(str(args[0] if isinstance(args, (list, tuple)) else str(args).split()[0])).name
+    program = Path(str(args[0]) if isinstance(args, (list, tuple)) else str(args).split()[0]).name
     test = os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)").split("::")[0]
     LAUNCHES[(test, "mpiexec" if program == "mpiexec" else "other")] += 1
     _popen_init(self, args, *a, **kw)
