@@ -55,4 +55,5 @@ def main(argv: list[str]) -> int:
         return 0
 
 
-sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,18 +1,49 @@
-"""Shared helpers: run fedring (or a script) under ``mpiexec -n N`` with a hard timeout."""
+"""Shared helpers: run fedring (or a script) under ``mpiexec -n N`` with a hard timeout, or a
+command in this process (:func:`fedring_cli`, :func:`analysis_cli`: no interpreter to start)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = shutil.which("mpiexec")
+
+#: processes the tests started themselves, per test file: ``mpiexec`` jobs and other programs (interpreters,
+#: bash, sbatch); not those these start (a local sweep's runs). Outside tests: pytest plugins' own commands.
+LAUNCHES: Counter = Counter()
+_popen_init = subprocess.Popen.__init__
+
+
+def _counting_popen_init(self, args, *a, **kw):
+    program = Path(str(args[0]) if isinstance(args, (list, tuple)) else str(args).split()[0]).name
+    test = os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)").split("::")[0]
+    LAUNCHES[(test, "mpiexec" if program == "mpiexec" else "other")] += 1
+    _popen_init(self, args, *a, **kw)
+
+
+def pytest_configure(config):
+    subprocess.Popen.__init__ = _counting_popen_init
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print how many processes each test file launched (the suite's time goes mostly to launches)."""
+    if not LAUNCHES:
+        return
+    terminalreporter.section("process launches")
+    for test in sorted({t for t, _ in LAUNCHES}):
+        terminalreporter.write_line(f"{LAUNCHES[test, 'mpiexec']:4d} mpiexec {LAUNCHES[test, 'other']:4d} other  {test}")
+    total = {kind: sum(n for (_, k), n in LAUNCHES.items() if k == kind) for kind in ("mpiexec", "other")}
+    terminalreporter.write_line(f"{total['mpiexec']:4d} mpiexec {total['other']:4d} other  in all")
 
 
 def mpi_env() -> dict:
@@ -36,6 +67,27 @@ def fedring(n: int, *args: str, **kw) -> subprocess.CompletedProcess:
     return run_mpi(n, ["-m", "fedring", *args], **kw)
 
 
+#: ``python many.py RUNS.json``: ``python -m fedring ARGS`` for every named ARGS of RUNS.json in turn,
+#: in one process (torch and MPI start once); the exit codes go to RUNS.json.codes.
+MANY = """
+import json, sys
+from fedring.cli import main
+runs = json.load(open(sys.argv[1]))
+codes = {name: main(args) for name, args in runs.items()}
+json.dump(codes, open(sys.argv[1] + ".codes", "w"))
+"""
+
+
+def fedring_many(ranks: int, runs: dict[str, list[str]], workdir: Path,
+                 timeout: float = 600) -> tuple[dict[str, int], subprocess.CompletedProcess]:
+    """Run several fedring command lines one after the other in one ``mpiexec -n ranks`` job
+    (its start-up paid once): each one's exit code by name, and the job (its output)."""
+    (workdir / "many.py").write_text(MANY)
+    (workdir / "runs.json").write_text(json.dumps({name: [str(a) for a in args] for name, args in runs.items()}))
+    proc = run_mpi(ranks, [str(workdir / "many.py"), str(workdir / "runs.json")], timeout=timeout)
+    return json.loads((workdir / "runs.json.codes").read_text()), proc
+
+
 #: ``python crash.py ROUND ARGS...``: fedring run ARGS, raising in round ROUND (0-based) on every rank.
 CRASH_AT_ROUND = """
 import sys
@@ -49,6 +101,63 @@ training.train_round = train_round
 from fedring.cli import main
 sys.exit(main(sys.argv[2:]))
 """
+
+
+def exit_code(main, argv: list[str]) -> int:
+    """``sys.exit(main(argv))``'s exit status, a SystemExit reported as the interpreter would."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        if isinstance(e.code, int) or e.code is None:
+            return e.code or 0
+        print(e.code, file=sys.stderr)  # sys.exit("message")
+        return 1
+
+
+@pytest.fixture
+def fedring_cli(capsys, monkeypatch):
+    """``python -m fedring ARGS`` on one rank in this process, for runs that end at a settings error
+    (exit 2 before any work): a CompletedProcess with the exit code and what was printed. Runs
+    from ``cwd`` when given. The signal handlers a run installs are put back afterwards."""
+    from fedring.cli import main
+
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+    handlers = {sig: signal.getsignal(sig) for sig in stop_signals}
+
+    def call(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        argv = [str(a) for a in args]
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            code = exit_code(main, argv)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            signal.set_wakeup_fd(-1)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["python", "-m", "fedring", *argv], code, out, err)
+
+    return call
+
+
+@pytest.fixture
+def analysis_cli(capsys, monkeypatch):
+    """``python -m analysis ARGS`` in this process, from directory ``cwd`` (not the repository):
+    a CompletedProcess with the exit code and what was printed."""
+    from mpi4py import MPI  # noqa: F401 -- initialised here, as fedring's tests do: analysis would import it uninitialised
+
+    from analysis.__main__ import main
+
+    def call(*args, cwd: Path) -> subprocess.CompletedProcess:
+        argv = [str(a) for a in args]
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        code = exit_code(main, argv)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["python", "-m", "analysis", *argv], code, out, err)
+
+    return call
 
 
 def crash_at_round(tmp_path: Path, ranks: int, round_: int, args: list[str]) -> subprocess.CompletedProcess:

@@ -3,7 +3,8 @@
 The training files are written with fedring's own writer (:class:`fedring.results.ResultsFile`)
 and chosen metrics, so every table cell is known exactly; the conformal files are written by
 hand in the ``/calibration`` layout of :mod:`fedring.conformal.trials`; one test runs real
-training runs. The commands run from a directory that is not the repository (``cwd=tmp_path``).
+training run. The commands run in this process (``analysis_cli``), from a directory that is not the
+repository (``cwd=tmp_path``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import h5py
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT, mpi_env
+from conftest import fedring
 
 from analysis.conformal import conformal_table, load_conformal
 from analysis.load import load_runs
@@ -140,14 +141,13 @@ def test_paper_table_layout_and_exact_cells(runs):
     assert csv.loc["Gaussian attack", "Krum"] == 0.6875 - 0.0625 + 0.0625
 
 
-def test_paper_table_refuses_cells_that_mix_settings(runs, tmp_path):
+def test_paper_table_refuses_cells_that_mix_settings(runs, tmp_path, analysis_cli):
     fake_run(runs / "extra.h5", accuracy=lambda r: 0.5, topology="ring", aggregator="mean", attack="none", seed=2,
              byzantine=0.25, rounds=4, noniid=0.1)
     df, _ = load_runs([runs])
     with pytest.raises(SystemExit, match=r"cell attack='None attack', method='RAR' differ in noniid \(0.1, 0.5\)"):
         paper_table(df)
-    proc = subprocess.run([sys.executable, "-m", "analysis", "table", str(runs), "--where", "noniid=0.5",
-                           "--out", str(tmp_path / "t2")], capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
+    proc = analysis_cli("table", runs, "--where", "noniid=0.5", "--out", tmp_path / "t2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "t2.md").read_text().startswith("Final test error (round 4)")
     assert "skipped " + str(runs / "junk.h5") in proc.stderr
@@ -155,7 +155,7 @@ def test_paper_table_refuses_cells_that_mix_settings(runs, tmp_path):
     assert csv.index.name == "attack" and csv.loc["None attack", "BRACE"] == 1 - (0.8125 + 0.0625)
 
 
-def test_plots_are_pngs(runs, tmp_path):
+def test_plots_are_pngs(runs, tmp_path, analysis_cli):
     for n, server in ((4, 4 * 8 * D), (8, 8 * 8 * D)):  # traffic of other client counts
         for topology, aggregator, per_client in (("ring", "mean", 2 * (n - 1) * D), ("ring", "brace", 33 * (n - 1) * D // 8),
                                                  ("server", "krum", 4 * D)):
@@ -169,8 +169,7 @@ def test_plots_are_pngs(runs, tmp_path):
     assert t.loc[("Server", 8), "server_bytes_per_round"] == 8 * 8 * D
     for cmd in ("plot-accuracy", "plot-bytes"):
         out = tmp_path / f"{cmd}.png"
-        proc = subprocess.run([sys.executable, "-m", "analysis", cmd, str(runs if cmd == "plot-accuracy" else tmp_path),
-                               "--out", str(out)], capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
+        proc = analysis_cli(cmd, runs if cmd == "plot-accuracy" else tmp_path, "--out", out, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
@@ -204,7 +203,7 @@ def conformal_files(tmp_path):
         f["calibration/width"] = np.ones((2, 1))
 
 
-def test_conformal_table_reads_the_calibration_layout(tmp_path):
+def test_conformal_table_reads_the_calibration_layout(tmp_path, analysis_cli):
     conformal_files(tmp_path)
     df, skipped = load_conformal([tmp_path])
     assert dict(skipped) == {
@@ -236,22 +235,20 @@ def test_conformal_table_reads_the_calibration_layout(tmp_path):
         "| FCP | fcp | 50 | 100.0 ± 0.0 | 9.00 ± 1.41 | 2 | 80 |\n"
         "| PRISM-FCP | prism | 25 | 90.0 ± 3.5 | 1.25 ± 0.35 | 2 | 80 |\n"
     )
-    proc = subprocess.run([sys.executable, "-m", "analysis", "conformal-table", str(tmp_path), "--where", "method=prism",
-                           "--out", str(tmp_path / "conf")], capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
+    proc = analysis_cli("conformal-table", tmp_path, "--where", "method=prism", "--out", tmp_path / "conf", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert pd.read_csv(tmp_path / "conf.csv", index_col=0).loc["prism", "coverage"] == 0.9
     out = tmp_path / "conf.png"
-    proc = subprocess.run([sys.executable, "-m", "analysis", "plot-conformal", str(tmp_path), "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
+    proc = analysis_cli("plot-conformal", tmp_path, "--out", out, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_real_runs_end_to_end(tmp_path):
     """A real (tiny) run through load and table: the numbers are the file's own."""
-    subprocess.run([sys.executable, "-m", "fedring", "run", "--dataset", "synthetic", "--clients", "3", "--rounds", "2",
-                    "--eval-every", "1", "--topology", "server", "--aggregator", "median", "--quiet",
-                    "--out", str(tmp_path / "median.h5")], check=True, timeout=120, env=mpi_env(), cwd=ROOT)
+    fedring(1, "run", "--dataset", "synthetic", "--clients", "3", "--rounds", "2", "--eval-every", "1", "--topology",
+            "server", "--aggregator", "median", "--quiet", "--out", str(tmp_path / "median.h5"), timeout=120)
     df, skipped = load_runs([tmp_path])
     assert skipped == [] and len(df) == 2
     _, csv = paper_table(df)

@@ -3,8 +3,9 @@ command list and the message when the ``analysis`` extra is missing.
 
 The training files are written by hand with h5py in fedring's layout (attrs ``config`` and
 ``status``; ``/metrics``, ``/comm/bytes_sent``, ``/brace/*_fraction``) with binary-fraction
-accuracies, so every cell below is computed by hand. The commands run from ``tmp_path``,
-not the repository.
+accuracies, so every cell below is computed by hand. The commands run in this process
+(``analysis_cli``) from ``tmp_path``, not the repository; those without an extra in a fresh
+interpreter.
 """
 
 from __future__ import annotations
@@ -141,10 +142,9 @@ def test_diff_to_pairs_runs_by_seed_within_a_row(grid):
         paper_table(df, diff_to="Krum")
 
 
-def test_table_command_with_window_and_diff(grid, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "analysis", "table", str(grid), "--metric", "test_accuracy", "--digits", "4",
-                           "--final-window", "2", "--diff-to", "BRACE", "--out", str(tmp_path / "out" / "t")],
-                          capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
+def test_table_command_with_window_and_diff(grid, tmp_path, analysis_cli):
+    proc = analysis_cli("table", grid, "--metric", "test_accuracy", "--digits", "4", "--final-window", "2",
+                        "--diff-to", "BRACE", "--out", tmp_path / "out" / "t", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     # last two: RAR - BRACE = 0.6875 - 0.75, 0.8125 - 0.90625 -> -0.078125 ± 0.03125/sqrt(2); BRACE-sym 0.375 - 0.75
     assert "| None attack | -0.0781 ± 0.0221 (2) | 0.8281 ± 0.1105 (2) | -0.3750 |" in (tmp_path / "out" / "t.md").read_text()
@@ -153,8 +153,7 @@ def test_table_command_with_window_and_diff(grid, tmp_path):
     assert csv.loc["None attack", "RAR - BRACE"] == -0.078125 and csv.loc["None attack", "RAR - BRACE n"] == 2
     assert csv.loc["None attack", "BRACE-sym - BRACE"] == -0.375 and csv.loc["None attack", "BRACE-sym - BRACE n"] == 1
     assert csv.loc["Gaussian attack", "BRACE"] == 0.5 and csv.loc["Gaussian attack", "BRACE sd"] == 0.0
-    bad = subprocess.run([sys.executable, "-m", "analysis", "table", str(grid), "--final-window", "0"],
-                         capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
+    bad = analysis_cli("table", grid, "--final-window", "0", cwd=tmp_path)
     assert bad.returncode == 2 and "--final-window: must be at least 1, got 0" in bad.stderr
 
 
@@ -169,13 +168,11 @@ def test_table_from_the_tidy_csv_equals_the_table_from_the_files(grid, tmp_path)
     assert "| None attack | -0.0781 ± 0.0221 (2) | 0.8281 ± 0.1105 (2) | -0.3750 |" in paper_table(again, **kw)[0]
 
 
-def test_beside_puts_another_tables_values_in_parentheses(grid, tmp_path):
+def test_beside_puts_another_tables_values_in_parentheses(grid, tmp_path, analysis_cli):
     paper = tmp_path / "paper.csv"
     # a comment line, an empty cell (None/RAR) and a value beside a cell the runs lack (Gaussian/BRACE-sym)
     paper.write_text("# a paper's table\nattack,RAR,BRACE-sym\nNone attack,,0.25\nGaussian attack,0.3,0.125\n")
-    proc = subprocess.run([sys.executable, "-m", "analysis", "table", str(grid), "--metric", "test_accuracy",
-                           "--digits", "4", "--beside", str(paper)],
-                          capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
+    proc = analysis_cli("table", grid, "--metric", "test_accuracy", "--digits", "4", "--beside", paper, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("Final test accuracy (round 40). 9 runs, mean ± sd (n runs) over 2 seeds. "
                                   "In parentheses: paper.csv.\n\n")
@@ -183,9 +180,7 @@ def test_beside_puts_another_tables_values_in_parentheses(grid, tmp_path):
     assert "| Gaussian attack | 0.3125 ± 0.0884 (2) (0.3000) | 0.5000 ± 0.0000 (2) | - (0.1250) |\n" in proc.stdout
     # rows the runs lack (a typo, or dropped by --where) are named on stderr and left out
     paper.write_text("attack,RAR,Krum\nGaussian attack,0.3,0.2\nKrum atack,0.1,0.2\n")
-    proc = subprocess.run([sys.executable, "-m", "analysis", "table", str(grid), "--where", "attack=gaussian",
-                           "--beside", str(paper)], capture_output=True, text=True, timeout=120, env=mpi_env(),
-                          cwd=tmp_path)
+    proc = analysis_cli("table", grid, "--where", "attack=gaussian", "--beside", paper, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "| Gaussian attack | 0.69 ± 0.09 (2) (0.30) | 0.50 ± 0.00 (2) |\n" in proc.stdout
     assert proc.stderr.splitlines() == ["--beside: rows not in the table, left out: 'Krum atack'",
@@ -200,13 +195,11 @@ def test_beside_puts_another_tables_values_in_parentheses(grid, tmp_path):
     with pytest.raises(SystemExit, match="--beside and --diff-to cannot be combined"):
         paper_table(df, diff_to="BRACE", beside=typo)
     # an unreadable file is refused before any run is loaded
-    bad = subprocess.run([sys.executable, "-m", "analysis", "table", str(tmp_path / "nowhere"), "--beside",
-                          str(tmp_path / "missing.csv")], capture_output=True, text=True, timeout=120, env=mpi_env(),
-                         cwd=tmp_path)
+    bad = analysis_cli("table", tmp_path / "nowhere", "--beside", tmp_path / "missing.csv", cwd=tmp_path)
     assert bad.returncode == 1 and f"--beside {tmp_path / 'missing.csv'}: cannot read it as a CSV table" in bad.stderr
 
 
-def test_plot_drift(tmp_path):
+def test_plot_drift(tmp_path, analysis_cli):
     d = tmp_path / "drift"
     d.mkdir()
     r = np.arange(1, ROUNDS[-1] + 1)
@@ -218,8 +211,7 @@ def test_plot_drift(tmp_path):
                    metrics={"weight_mean_change": slope * np.array(ROUNDS)}, rows=fractions)
     train_file(d / "rar.h5", [0.5] * 4, "mean", 0, metrics={"weight_mean_change": [0.0] * 4})  # no /brace
     out = tmp_path / "figs" / "drift.png"
-    proc = subprocess.run([sys.executable, "-m", "analysis", "plot-drift", str(d), "--out", str(out), "--smooth", "4"],
-                          capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
+    proc = analysis_cli("plot-drift", d, "--out", out, "--smooth", "4", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     # a line per run, labelled by method and (the runs differ in it) lr schedule
@@ -232,18 +224,15 @@ def test_plot_drift(tmp_path):
     assert round_rows(d / "rar.h5", "brace").empty
 
 
-def test_help_lists_every_command(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "analysis", "--help"], capture_output=True, text=True, timeout=60,
-                          env=mpi_env(), cwd=tmp_path)
+def test_help_lists_every_command(tmp_path, analysis_cli):
+    proc = analysis_cli("--help", cwd=tmp_path)
     assert proc.returncode == 0
     listed = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ")]
     assert listed == list(COMMANDS) and "plot-drift" in listed
     for name in COMMANDS:
-        sub = subprocess.run([sys.executable, "-m", "analysis", name, "--help"], capture_output=True, text=True, timeout=60,
-                             env=mpi_env(), cwd=tmp_path)
+        sub = analysis_cli(name, "--help", cwd=tmp_path)
         assert sub.returncode == 0 and sub.stdout.startswith(f"usage: python -m analysis {name}"), sub.stderr
-    unknown = subprocess.run([sys.executable, "-m", "analysis", "tabel"], capture_output=True, text=True, timeout=60,
-                             env=mpi_env(), cwd=tmp_path)
+    unknown = analysis_cli("tabel", cwd=tmp_path)
     assert unknown.returncode == 2 and unknown.stderr.startswith("python -m analysis: unknown command 'tabel'")
 
 

@@ -433,6 +433,7 @@ if comm.rank == 0:
 """
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_over_mpi_ranks(tmp_path, ranks):
     script = tmp_path / "brace_mpi.py"

@@ -36,6 +36,7 @@ print(f"rank {rank}: no error", flush=True)
 """
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("case,message", [
     ("fortran", "rank 0: rows must be C-contiguous"),  # rank 1's single row is contiguous either way
     ("extra_row", "rank 1: rows has 2 rows; it needs one row for each of the 1 clients this rank sends for"),

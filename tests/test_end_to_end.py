@@ -4,12 +4,10 @@ One ``mpiexec -n 2`` job runs all the configurations one after the other (the st
 torch is paid once), each into its own results file; the tests then read the files.
 """
 
-import json
-
 import h5py
 import numpy as np
 import pytest
-from conftest import run_mpi
+from conftest import fedring_many
 
 from fedring.aggregators import AGGREGATORS
 from fedring.attacks import ATTACKS
@@ -38,24 +36,11 @@ def configs():
     return runs
 
 
-SCRIPT = """
-import json, sys
-from fedring.cli import main
-runs = json.load(open(sys.argv[1]))
-codes = {name: main([*args, "--out", f"{sys.argv[2]}/{name}.h5"]) for name, args in runs.items()}
-json.dump(codes, open(f"{sys.argv[2]}/codes.json", "w"))
-"""
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
-    runs = {name: COMMON + args for name, args in configs().items()}
-    (root / "runs.json").write_text(json.dumps(runs))
-    (root / "run.py").write_text(SCRIPT)
-    run_mpi(2, [str(root / "run.py"), str(root / "runs.json"), str(root)], timeout=900)
-    codes = json.loads((root / "codes.json").read_text())
-    return root, codes
+    runs = {name: [*COMMON, *args, "--out", str(root / f"{name}.h5")] for name, args in configs().items()}
+    return root, fedring_many(2, runs, root, timeout=900)[0]
 
 
 def load(root, name):
@@ -70,6 +55,8 @@ def load(root, name):
         }
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", [*RULES, "pre"])
 def test_every_server_rule_trains_three_rounds_on_two_ranks(results, rule):
     root, codes = results
@@ -82,6 +69,8 @@ def test_every_server_rule_trains_three_rounds_on_two_ranks(results, rule):
         assert np.all((run["selected"] >= 0) & (run["selected"] <= 1))
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("topology", ["server", "ring"])
 @pytest.mark.parametrize("attack", ATTACK_NAMES)
 def test_every_attack_runs_in_both_topologies_and_changes_the_model(results, topology, attack):

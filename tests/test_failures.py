@@ -1,4 +1,7 @@
-"""Bad input stops every rank with exit 2 and no file; a crash on any rank ends the job promptly."""
+"""Bad input stops every rank with exit 2 and no file; a crash on any rank ends the job promptly.
+
+The settings errors are checked in this process (one rank, ``fedring_cli``); one of them, a
+setting wrong for the number of ranks, under ``mpiexec -n 2``: said once, every rank exits 2."""
 
 import time
 
@@ -14,7 +17,6 @@ SMALL = ["--dataset", "synthetic", "--clients", "4", "--rounds", "2", "--quiet"]
     [
         (["--topology", "mesh"], "topology: 'mesh' is not allowed; allowed: ring, server"),
         (["--rounds", "0"], "rounds: must be >= 1"),
-        (["--clients", "1"], "clients: 1 clients on 2 MPI ranks"),
         (["--set", "bogus=3"], "bogus: unknown setting"),
         (["--set", "krun.f=3"], "krun: unknown settings section"),
         (["--set", "krum.variant=nope", "--topology", "server", "--aggregator", "krum"], "krum.variant"),
@@ -32,19 +34,30 @@ SMALL = ["--dataset", "synthetic", "--clients", "4", "--rounds", "2", "--quiet"]
          "brace.relay_clients: in a run the Byzantine clients are the relays"),
     ],
 )
-def test_config_errors_exit_2_before_any_work(tmp_path, args, key):
+def test_config_errors_exit_2_before_any_work(tmp_path, fedring_cli, args, key):
     out = tmp_path / "x.h5"
-    proc = fedring(2, *SMALL, "--out", str(out), *args, check=False, timeout=60)
+    proc = fedring_cli(*SMALL, "--out", out, *args)
     assert proc.returncode == 2, proc.stderr
     assert key in proc.stderr
+    assert proc.stderr.count("fedring: error") == 1
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.mpi
+def test_config_error_on_two_ranks_is_said_once_and_every_rank_exits_2(tmp_path):
+    out = tmp_path / "x.h5"
+    proc = fedring(2, *SMALL, "--out", str(out), "--clients", "1", check=False, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "clients: 1 clients on 2 MPI ranks" in proc.stderr
     assert proc.stderr.count("fedring: error") == 1  # said once, by rank 0
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
-def test_existing_output_needs_overwrite(tmp_path):
+@pytest.mark.slow
+def test_existing_output_needs_overwrite(tmp_path, fedring_cli):
     out = tmp_path / "x.h5"
     out.write_bytes(b"keep me")
-    proc = fedring(1, *SMALL, "--out", str(out), check=False)
+    proc = fedring_cli(*SMALL, "--out", out)
     assert proc.returncode == 2 and "pass --overwrite" in proc.stderr
     assert out.read_bytes() == b"keep me"
     fedring(1, *SMALL, "--out", str(out), "--overwrite")
@@ -52,6 +65,7 @@ def test_existing_output_needs_overwrite(tmp_path):
         assert f.attrs["status"] == "complete"
 
 
+@pytest.mark.slow
 def test_toml_config_and_precedence(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('dataset = "synthetic"\nclients = 4\nrounds = 5\nseed = 3\n')
@@ -78,6 +92,8 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("failing_rank", [0, 2])
 def test_exception_on_any_rank_ends_job_with_traceback(tmp_path, failing_rank):
     script = tmp_path / "crash.py"
@@ -96,16 +112,10 @@ def test_exception_on_any_rank_ends_job_with_traceback(tmp_path, failing_rank):
         assert f["metrics/round"][:].tolist() == [1, 2]
 
 
-def test_headline_refuses_to_replace_earlier_results(tmp_path):
-    import subprocess
-    import sys
-
-    from conftest import mpi_env
-
+def test_headline_refuses_to_replace_earlier_results(tmp_path, fedring_cli):
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "headline-brace.h5").write_bytes(b"earlier")
-    proc = subprocess.run([sys.executable, "-m", "fedring"], cwd=tmp_path, env=mpi_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = fedring_cli(cwd=tmp_path)
     assert proc.returncode == 2
     assert "out: results/headline-brace.h5 exist(s) from an earlier run" in proc.stderr
     assert (tmp_path / "results" / "headline-brace.h5").read_bytes() == b"earlier"

@@ -76,13 +76,13 @@ def assert_same_rows(a, b):
         (["--model-from", "/nonexistent.h5"], "labelshift.model_from"),
     ],
 )
-def test_bad_settings_raise_config_error_before_work(argv, key, tmp_path):
+def test_bad_settings_raise_config_error_before_work(argv, key, tmp_path, fedring_cli):
     out = tmp_path / "r.h5"
     with pytest.raises(ConfigError) as e:
         prepare([*argv, "--out", out])
     assert e.value.key == key
     assert not out.exists()
-    proc = labelshift(*argv, "--out", out, check=False)
+    proc = fedring_cli("conformal", "labelshift", *argv, "--out", out)
     assert proc.returncode == 2 and f"{key}:" in proc.stderr, proc.stderr
     assert not out.exists()
 
@@ -97,15 +97,17 @@ def test_malformed_npz(tmp_path):
         ls.load_logits_npz(str(bad))
 
 
-def test_refuses_to_overwrite(tmp_path):
+@pytest.mark.slow
+def test_refuses_to_overwrite(tmp_path, fedring_cli):
     out = tmp_path / "r.h5"
     out.write_bytes(b"precious")
-    assert labelshift("--trials", "1", *FAST, "--out", out, check=False).returncode == 2
+    assert fedring_cli("conformal", "labelshift", "--trials", "1", *FAST, "--out", out).returncode == 2
     assert out.read_bytes() == b"precious"
     assert labelshift("--trials", "1", *FAST, "--out", out, "--overwrite").returncode == 0
     assert h5py.is_hdf5(out)
 
 
+@pytest.mark.slow
 def test_logits_experiment_writes_distribution_over_runs(logits_npz, tmp_path):
     out = tmp_path / "r.h5"
     argv = ["--logits", logits_npz, "--trials", "3", *FAST, "--sigma-g", "0.5", "--trial-batch", "3"]
@@ -150,6 +152,7 @@ def test_logits_experiment_writes_distribution_over_runs(logits_npz, tmp_path):
             assert np.array_equal(v, rows[k][t], equal_nan=True), k
 
 
+@pytest.mark.slow
 def test_results_do_not_depend_on_trial_batch(logits_npz, tmp_path):
     common = ["--logits", logits_npz, "--trials", "3", *FAST, "--sigma-g", "1", "--count-noise", "2", "--quiet"]
     a, b = tmp_path / "a.h5", tmp_path / "b.h5"
@@ -173,6 +176,7 @@ sys.exit(main(["conformal", "labelshift", *sys.argv[1:]]))
 """
 
 
+@pytest.mark.slow
 def test_stopped_and_resumed_run_has_the_rows_of_an_uninterrupted_one(tmp_path):
     args = ["--trials", "5", "--trial-batch", "2", *FAST, "--sigma-g", "1", "--count-noise", "1", "--participants",
             "1", "--targets", "all", "--quiet"]
@@ -189,6 +193,7 @@ def test_stopped_and_resumed_run_has_the_rows_of_an_uninterrupted_one(tmp_path):
     assert_same_rows(whole, resumed)
 
 
+@pytest.mark.slow
 def test_all_targets_and_partial_participation(tmp_path):
     out = tmp_path / "r.h5"
     labelshift("--trials", "2", *FAST, "--targets", "all", "--participants", "1", "--methods", "nonprivate",
@@ -199,6 +204,7 @@ def test_all_targets_and_partial_participation(tmp_path):
     assert [c["target"] for c in attrs["cases"]] == [1, 1, 2, 2]
 
 
+@pytest.mark.slow
 def test_model_from_training_run(tmp_path):
     """``--model-from``: rebuild fedring's CNN from /model/final (synthetic data set: no download)."""
     torch = pytest.importorskip("torch")  # noqa: F841
@@ -218,6 +224,8 @@ def test_model_from_training_run(tmp_path):
     assert np.allclose(again[0], logits, atol=1e-5) and np.array_equal(again[1], labels)
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install mpich)")
 @pytest.mark.parametrize("experiment", ["gaussians", "logits"])
 def test_same_results_on_one_and_two_ranks(experiment, logits_npz, tmp_path):

@@ -230,6 +230,7 @@ def test_p11_weight_error_from_counts():
 # ------------------------------------------------------------------ end to end (P16)
 
 
+@pytest.mark.slow
 def test_p16_gaussian_experiment_end_to_end(tmp_path):
     """Section 5 simulation, non-private DP-FedCP with the default optimiser, through the command line.
 

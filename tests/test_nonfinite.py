@@ -5,7 +5,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from conftest import fedring
+from conftest import fedring_many
 
 from fedring.aggregators import AGGREGATORS, make_aggregator
 from fedring.attacks import AttackContext, NonFinite
@@ -90,16 +90,32 @@ SMALL = ["--dataset", "synthetic", "--clients", "8", "--rounds", "4", "--eval-ev
          "--byzantine", "2", "--attack", "nonfinite", "--set", "attack.value=mixed", "--set", "attack.fraction=0.3"]
 
 
-@pytest.mark.parametrize("rule,update_finite", [
-    (["--topology", "server", "--aggregator", "mean"], True),  # excluded before the rule: even mean survives
-    (["--topology", "server", "--aggregator", "krum"], True),
-    (["--aggregator", "brace", "--lr", "0.01", "--set", "brace.lambda=1"], True),  # sign_zero votes
-    (["--aggregator", "mean"], False),  # ring-all-reduce has no defence, but the run completes
-])
-def test_training_records_nonfinite_uploads(tmp_path, rule, update_finite):
-    out = tmp_path / "nf.h5"
-    proc = fedring(2, *SMALL, *rule, "--out", str(out))
-    assert proc.returncode == 0 and "RuntimeWarning" not in proc.stderr
+#: name -> (the rule's settings, whether the model stays finite)
+RULES = {
+    "server-mean": (["--topology", "server", "--aggregator", "mean"], True),  # excluded before the rule: even mean survives
+    "server-krum": (["--topology", "server", "--aggregator", "krum"], True),
+    "brace": (["--aggregator", "brace", "--lr", "0.01", "--set", "brace.lambda=1"], True),  # sign_zero votes
+    "ring-mean": (["--aggregator", "mean"], False),  # ring-all-reduce has no defence, but the run completes
+}
+
+
+@pytest.fixture(scope="module")
+def nonfinite_runs(tmp_path_factory):
+    """Every rule of RULES on 2 ranks, one job (``{name}.h5``); its stderr."""
+    root = tmp_path_factory.mktemp("nonfinite")
+    runs = {name: [*SMALL, *rule, "--out", str(root / f"{name}.h5")] for name, (rule, _) in RULES.items()}
+    codes, proc = fedring_many(2, runs, root)
+    return root, codes, proc.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(RULES))
+def test_training_records_nonfinite_uploads(nonfinite_runs, name):
+    root, codes, stderr = nonfinite_runs
+    update_finite = RULES[name][1]
+    out = root / f"{name}.h5"
+    assert codes[name] == 0 and "RuntimeWarning" not in stderr
     with h5py.File(out, "r") as f:
         assert f.attrs["status"] == "complete"
         byzantine = f["byzantine/clients"][:]

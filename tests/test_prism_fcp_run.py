@@ -12,7 +12,7 @@ import time
 import h5py
 import numpy as np
 import pytest
-from conftest import MPIEXEC, fedring, run_mpi, wait_for_unlock
+from conftest import MPIEXEC, fedring, fedring_many, run_mpi, wait_for_unlock
 from mpi4py import MPI
 
 from fedring.comm import Layout, Network
@@ -242,7 +242,8 @@ def assert_same_rows(a, b) -> None:
         assert np.array_equal(ra[name], rb[name]), name
 
 
-def test_cli_writes_hdf5_and_refuses_overwrite(tmp_path):
+@pytest.mark.slow
+def test_cli_writes_hdf5_and_refuses_overwrite(tmp_path, fedring_cli):
     out = tmp_path / "r.h5"
     args = ["--trials", "2", "--calib-attack", "efficiency", "--out", str(out)]
     prism(1, *args)
@@ -262,7 +263,7 @@ def test_cli_writes_hdf5_and_refuses_overwrite(tmp_path):
         assert f.attrs["status"] == "complete" and f.attrs["task"] == "prism"
         sent = f["comm/bytes_sent"][()]
         assert sent.shape == (2, 12) and sent[0].sum() == rows["bytes_train_up"][0, 0] + rows["bytes_calib_up"][0, 0]
-    again = prism(1, *args, check=False)
+    again = fedring_cli("conformal", "prism", *TINY_ARGS, "--quiet", *args)
     assert again.returncode == 2 and "exists" in again.stderr
     prism(1, *args, "--overwrite")
 
@@ -271,12 +272,14 @@ def test_cli_writes_hdf5_and_refuses_overwrite(tmp_path):
                                  ["--dataset", "uci"], ["--dataset", "uci", "--data-dir", "/nonexistent"],
                                  ["--byz-persist", "maybe"], ["--clients", "12", "--byzantine", "12"],
                                  ["--set", "coverage.factor=0"], ["--set", "krum.variant=byzfl"]])
-def test_cli_rejects_bad_settings(bad, tmp_path):
-    proc = prism(1, *bad, "--out", str(tmp_path / "x.h5"), check=False)
+def test_cli_rejects_bad_settings(bad, tmp_path, fedring_cli):
+    proc = fedring_cli("conformal", "prism", *TINY_ARGS, "--quiet", *bad, "--out", tmp_path / "x.h5")
     assert proc.returncode == 2 and "error" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "x.h5").exists()
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
 def test_one_two_and_four_ranks_give_the_same_results(tmp_path):
     """Every case of the table (every attack, the omniscient coverage attack's side channel
@@ -303,6 +306,8 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_resume_after_a_failure_ends_with_the_rows_of_an_uninterrupted_run(tmp_path):
     """A run that fails in trial 2 of 4 (on 2 ranks when mpiexec is there) keeps trials 0
     and 1; --resume (on 1 rank) continues with trial 2 and ends with the same rows as a run
@@ -322,6 +327,7 @@ def test_resume_after_a_failure_ends_with_the_rows_of_an_uninterrupted_run(tmp_p
     assert_same_rows(tmp_path / "whole.h5", out)
 
 
+@pytest.mark.slow
 def test_toml_settings_run_through_fedring_run(tmp_path):
     """``task = "prism"`` with a [prism] section (and an attack's section) is the same run as
     the command-line spelling; the attack's parameter takes effect."""
@@ -329,17 +335,21 @@ def test_toml_settings_run_through_fedring_run(tmp_path):
     values = "\n".join(f"{k} = {json.dumps(v)}" for k, v in TINY.items())
     toml.write_text(f'task = "prism"\nseed = 3\n\n[prism]\n{values}\nmethod = "fcp"\ncalib_attack = "coverage"\n'
                     'trials = 2\n\n[coverage]\nfactor = 5.0\n')
-    proc = fedring(1, "run", "--config", str(toml), "--out", str(tmp_path / "toml.h5"))
+    args = ["conformal", "prism", *TINY_ARGS, "--quiet", "--method", "fcp", "--calib-attack", "coverage", "--trials",
+            "2", "--seed", "3"]
+    runs = {"toml": ["run", "--config", toml, "--out", tmp_path / "toml.h5"],  # the one run that prints its banner
+            "cli": [*args, "--set", "coverage.factor=5", "--out", tmp_path / "cli.h5"],
+            "ten": [*args, "--out", tmp_path / "ten.h5"]}
+    codes, proc = fedring_many(1, runs, tmp_path)  # one after the other in one process
+    assert codes == dict.fromkeys(runs, 0)
     assert "fedring: prism: FCP (M=6 of D=6), calibration attack coverage; 12 clients on 1 rank" in proc.stdout
-    args = ["--method", "fcp", "--calib-attack", "coverage", "--trials", "2", "--seed", "3"]
-    prism(1, *args, "--set", "coverage.factor=5", "--out", str(tmp_path / "cli.h5"))
     assert_same_rows(tmp_path / "toml.h5", tmp_path / "cli.h5")
-    prism(1, *args, "--out", str(tmp_path / "ten.h5"))
     _, five = read_calibration(tmp_path / "toml.h5")
     _, ten = read_calibration(tmp_path / "ten.h5")
     assert (five["threshold"] < ten["threshold"]).all()  # FCP's threshold is an attacker's value
 
 
+@pytest.mark.slow
 def test_P14_partial_sharing_lowers_mse_and_width():
     """Table I: under the training attack, M/D < 1 gives a smaller parameter MSE
     and narrower intervals than full sharing (here by > 3 dB in each of 3 trials)."""

@@ -1,4 +1,7 @@
-"""No hang on any path: early exits agreed by every rank; a signal always ends the job."""
+"""No hang on any path: early exits agreed by every rank; a signal always ends the job.
+
+Each early exit is checked once on several ranks (said once, every rank exits 2); the other
+settings errors that take the same path are checked in this process, on one rank."""
 
 from __future__ import annotations
 
@@ -26,50 +29,52 @@ def said_once(proc, text):
 @pytest.fixture(scope="module")
 def complete(tmp_path_factory):
     out = tmp_path_factory.mktemp("done") / "x.h5"
-    fedring(2, *RUN, "--out", str(out))
+    fedring(1, *RUN, "--out", str(out))
     return out
 
 
+@pytest.mark.mpi
 def test_resume_of_a_complete_file_exits_2_on_every_rank(complete):
     proc = fedring(2, *RUN, "--out", str(complete), "--resume", check=False, timeout=60)
     said_once(proc, f"resume: {complete} is already complete: nothing to resume")
 
 
-def test_resume_with_other_settings_exits_2_on_every_rank(complete, tmp_path):
+def test_resume_with_other_settings_exits_2(complete, tmp_path, fedring_cli):
     out = tmp_path / "x.h5"
     out.write_bytes(complete.read_bytes())
     with h5py.File(out, "r+") as f:
         f.attrs["status"] = "preempted"
-    proc = fedring(2, *RUN, "--seed", "1", "--out", str(out), "--resume", check=False, timeout=60)
+    proc = fedring_cli(*RUN, "--seed", "1", "--out", out, "--resume")
     said_once(proc, "was written with other settings: seed: 0 -> 1")
 
 
-def test_resume_without_a_checkpoint_exits_2_on_every_rank(complete, tmp_path):
+def test_resume_without_a_checkpoint_exits_2(complete, tmp_path, fedring_cli):
     out = tmp_path / "x.h5"
     out.write_bytes(complete.read_bytes())
     with h5py.File(out, "r+") as f:
         f.attrs["status"] = "failed"
         del f["checkpoint"]
-    proc = fedring(2, *RUN, "--out", str(out), "--resume", check=False, timeout=60)
+    proc = fedring_cli(*RUN, "--out", out, "--resume")
     said_once(proc, "has no checkpoint: start it again with --overwrite")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
-def test_resume_of_a_damaged_file_exits_2_and_leaves_it_alone(complete, tmp_path, damage):
+def test_resume_of_a_damaged_file_exits_2_and_leaves_it_alone(complete, tmp_path, fedring_cli, damage):
     out = tmp_path / "x.h5"
     data = complete.read_bytes()
     out.write_bytes(data[: len(data) // 3] if damage == "truncated" else b"\x00not hdf5" * 1000)
     before = out.read_bytes()
-    proc = fedring(2, *RUN, "--out", str(out), "--resume", check=False, timeout=60)
+    proc = fedring_cli(*RUN, "--out", out, "--resume")
     said_once(proc, f"resume: {out} is not a readable fedring results file")
     assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["x.h5"]
 
 
-def test_existing_file_without_overwrite_exits_2_on_every_rank(complete):
-    proc = fedring(2, *RUN, "--out", str(complete), check=False, timeout=60)
+def test_existing_file_without_overwrite_exits_2(complete, fedring_cli):
+    proc = fedring_cli(*RUN, "--out", complete)
     said_once(proc, "pass --overwrite to replace it")
 
 
+@pytest.mark.mpi
 def test_sweep_refuses_to_run_under_mpiexec(tmp_path):
     grid = tmp_path / "g.toml"
     grid.write_text('dataset = "synthetic"\n')
@@ -77,15 +82,22 @@ def test_sweep_refuses_to_run_under_mpiexec(tmp_path):
     said_once(proc, "sweep: runs in one process and starts the MPI jobs itself: run it without mpiexec")
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("args,text", [
     (["conformal", "labelshift", "--trials", "2"], "ranks: the gaussians experiment has 2 agents"),
     (["conformal", "prism", "--clients", "3", "--participants", "2", "--byzantine", "1"],
      "clients: 3 clients cannot fill 4 MPI ranks"),
-    (["conformal", "prism", "--alpha", "2"], "alpha: must be in (0, 1)"),
 ])
 def test_conformal_setting_errors_exit_2_on_every_rank(tmp_path, args, text):
+    """The one multi-rank settings error of each conformal task: one wrong for the number of ranks."""
     proc = fedring(4, *args, "--out", str(tmp_path / "c.h5"), check=False, timeout=120)
     said_once(proc, text)
+    assert not list(tmp_path.iterdir())
+
+
+def test_conformal_setting_error_exits_2(tmp_path, fedring_cli):
+    proc = fedring_cli("conformal", "prism", "--alpha", "2", "--out", tmp_path / "c.h5")
+    said_once(proc, "alpha: must be in (0, 1)")
     assert not list(tmp_path.iterdir())
 
 
@@ -131,6 +143,8 @@ def ends_within(proc, seconds: float):
     return time.monotonic() - t0, stderr
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install mpich)")
 @pytest.mark.parametrize("peer", ["hung", "stopped"])
 def test_signal_ends_a_job_with_a_stuck_rank_and_keeps_every_round(tmp_path, peer):
@@ -151,6 +165,8 @@ def test_signal_ends_a_job_with_a_stuck_rank_and_keeps_every_round(tmp_path, pee
         assert f.attrs["status"] == "complete" and f["metrics/round"][:].tolist() == list(range(1, 31))
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install mpich)")
 def test_a_second_signal_aborts_at_once(tmp_path):
     proc, _, out = start_hung_job(tmp_path, grace=120)
@@ -164,6 +180,7 @@ def test_a_second_signal_aborts_at_once(tmp_path):
         assert f.attrs["status"] == "preempted"
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_and_exits_75(tmp_path):
     out = tmp_path / "c.h5"
     proc = subprocess.Popen([sys.executable, "-m", "fedring", *LONG[:-1], "--rounds", "100000", "--out", str(out)], cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE,
@@ -186,6 +203,8 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_a_results_file_that_cannot_grow_fails_clearly_and_keeps_every_round(tmp_path):
     """The file may not grow past 3 MiB (as under ``ulimit -f``): the checkpoint of round 10
     would pass the limit minus the reserve, so the job stops with one message before writing."""

@@ -1,5 +1,8 @@
-"""Resume: a run interrupted at any point and resumed ends bit-identical to an uninterrupted one."""
+"""Resume: a run interrupted at any point and resumed ends bit-identical to an uninterrupted one.
 
+The uninterrupted reference runs are made once per module, in one job (``fedring_many``)."""
+
+import shutil
 import signal
 import subprocess
 import sys
@@ -7,12 +10,14 @@ import time
 
 import h5py
 import pytest
-from conftest import MPIEXEC, ROOT, crash_at_round, fedring, mpi_env, wait_for_unlock
+from conftest import MPIEXEC, ROOT, crash_at_round, fedring, fedring_many, mpi_env, wait_for_unlock
 
 from fedring.results import read_checkpoint
 
 RUN = ["--dataset", "synthetic", "--clients", "4", "--rounds", "7", "--eval-every", "2",
        "--checkpoint-every", "2", "--quiet"]
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 
 def snapshot(path):
@@ -26,11 +31,31 @@ def snapshot(path):
         }
 
 
+#: stateful rules: server rules with a previous aggregate or FL-Detector's history, BRACE's relays and rows
+RULES = {
+    "cclip": ["--topology", "server", "--aggregator", "cclip"],
+    "fldetector": ["--topology", "server", "--aggregator", "fldetector"],
+    "brace": ["--aggregator", "brace", "--byzantine", "2", "--set", "brace.relay_attack=flip", "--set", "brace.check=on"],
+}
+
+
+def rule_settings(rule: str) -> list[str]:
+    return [*RUN, *RULES[rule], "--clients", "6"]
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ref") / "ref.h5"
-    fedring(2, *RUN, "--out", str(out))
-    return snapshot(out)
+def references(tmp_path_factory):
+    """The uninterrupted runs on 2 ranks, one job: RUN (``ref.h5``) and RUN with each of RULES."""
+    root = tmp_path_factory.mktemp("ref")
+    runs = {"ref": [*RUN, "--out", str(root / "ref.h5")]}
+    runs.update({rule: [*rule_settings(rule), "--out", str(root / f"{rule}.h5")] for rule in RULES})
+    assert fedring_many(2, runs, root)[0] == dict.fromkeys(runs, 0)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(references):
+    return snapshot(references / "ref.h5")
 
 
 @pytest.mark.parametrize("crash_round", [1, 6])
@@ -43,21 +68,16 @@ def test_resume_after_crash_is_bit_exact(tmp_path, reference, crash_round):
     assert snapshot(out) == reference
 
 
-@pytest.mark.parametrize("rule", [
-    ["--topology", "server", "--aggregator", "cclip"],
-    ["--topology", "server", "--aggregator", "fldetector"],
-    ["--aggregator", "brace", "--byzantine", "2", "--set", "brace.relay_attack=flip", "--set", "brace.check=on"],
-])
-def test_resume_keeps_the_aggregator_state(tmp_path, rule):
+@pytest.mark.parametrize("rule", list(RULES))
+def test_resume_keeps_the_aggregator_state(tmp_path, references, rule):
     """Stateful server rules (previous aggregate, FL-Detector's history) and BRACE's per-round
     relay draws and rows resume exactly."""
-    settings = [*RUN, *rule, "--clients", "6"]
-    ref, out = tmp_path / "ref.h5", tmp_path / "run.h5"
-    fedring(2, *settings, "--out", str(ref))
+    settings = rule_settings(rule)
+    out = tmp_path / "run.h5"
     proc = crash_at_round(tmp_path, 2, 5, [*settings, "--out", str(out)])
     assert proc.returncode != 0
     fedring(2, *settings, "--out", str(out), "--resume")
-    assert snapshot(out) == snapshot(ref)
+    assert snapshot(out) == snapshot(references / f"{rule}.h5")
 
 
 def test_resume_on_other_rank_count_is_bit_exact(tmp_path, reference):
@@ -114,9 +134,11 @@ def test_kill_9_then_resume_from_last_checkpoint(tmp_path, reference):
     assert snapshot(out) == reference
 
 
-def test_resume_refuses_other_settings(tmp_path):
+def test_resume_refuses_other_settings(tmp_path, references, fedring_cli):
     out = tmp_path / "run.h5"
-    crash_at_round(tmp_path, 1, 3, [*RUN, "--out", str(out)])
-    proc = fedring(1, *RUN, "--lr", "0.5", "--out", str(out), "--resume", check=False)
+    shutil.copy(references / "ref.h5", out)
+    with h5py.File(out, "r+") as f:
+        f.attrs["status"] = "failed"  # as a crash leaves it
+    proc = fedring_cli(*RUN, "--lr", "0.5", "--out", out, "--resume")
     assert proc.returncode == 2
     assert "resume:" in proc.stderr and "lr: 0.1 -> 0.5" in proc.stderr

@@ -87,6 +87,7 @@ if lay.rank == 0:
 """
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("ranks,n,d", [(2, 2, 17), (3, 5, 17**2), (4, 8, 3), (4, 17, 17**3), (2, 7, 0)])
 def test_ring_over_mpi(tmp_path, ranks, n, d):
     script = tmp_path / "ring.py"
@@ -96,6 +97,7 @@ def test_ring_over_mpi(tmp_path, ranks, n, d):
     assert counted == expected_bytes(n, d, 4).tolist()
 
 
+@pytest.mark.mpi
 def test_bench_comm_measures_every_ring_rule_with_exact_bytes(tmp_path):
     """``bench comm`` on 2 ranks: per rank, the float32 ring sends d/2 floats in each phase (4d
     bytes); BRACE d/2 int8 counts then d/2 one-bit signs; signSGD and RLR two bit planes."""

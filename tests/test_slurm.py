@@ -24,6 +24,8 @@ START = ROOT.parent / "shared" / "tools" / "local-slurm" / "start.sh"
 STOP = START.with_name("stop.sh")
 JOBS = ROOT / "jobs"
 
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]  # SLURM jobs that run fedring under mpiexec
+
 
 def _cluster_up() -> bool:
     if shutil.which("sinfo") is None:

@@ -208,6 +208,7 @@ def test_task_args(tmp_path):
         task_args(tmp_path / "tasks-x.txt", 2)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("expect, ok", [("2", True), ("3", False)])
 def test_check_world_size_under_mpiexec(expect, ok):
     if MPIEXEC is None:
@@ -245,7 +246,8 @@ def test_dry_run_lists_states_and_the_sbatch_command(tmp_path, capsys):
     assert "error: out_dir: results of other settings" in captured.err
 
 
-def test_local_sweep_runs_each_config_once(tmp_path):
+@pytest.mark.slow
+def test_local_sweep_runs_each_config_once(tmp_path, capsys):
     grid = tmp_path / "g.toml"
     out = tmp_path / "out"
     grid.write_text(f'dataset = "synthetic"\nclients = 2\nrounds = 2\neval_every = 1\nseed = [0, 1]\n'
@@ -259,11 +261,11 @@ def test_local_sweep_runs_each_config_once(tmp_path):
         written = tomllib.loads((out / "configs" / f"{h}.toml").read_text())
         assert written == canonical(cfg) == {"clients": 2, "dataset": "synthetic", "rounds": 2, "eval_every": 1,
                                              **({"seed": 1} if cfg.seed else {})}
-    proc = subprocess.run([sys.executable, "-m", "fedring", "sweep", str(grid), "--local"], capture_output=True,
-                          text=True, timeout=60, env=mpi_env(), cwd=tmp_path)
-    assert proc.returncode == 0 and "nothing to run" in proc.stdout
+    capsys.readouterr()
+    assert main([str(grid), "--local"]) == 0 and "nothing to run" in capsys.readouterr().out  # in this process
 
 
+@pytest.mark.slow
 def test_local_sweep_runs_max_parallel_at_once_with_a_log_each(tmp_path):
     grid = tmp_path / "g.toml"
     out = tmp_path / "out"
@@ -279,6 +281,7 @@ def test_local_sweep_runs_max_parallel_at_once_with_a_log_each(tmp_path):
         assert "results:" in (out / "logs" / f"local-{h}.out").read_text()
 
 
+@pytest.mark.slow
 def test_output_piped_into_head_ends_quietly(tmp_path):
     """``sweep --dry-run | head -1`` on 6,300 configs (more than a pipe holds): no
     BrokenPipeError traceback, exit 0."""
