@@ -54,10 +54,17 @@ def _within(key: str, value, lo, hi, lo_open: bool, hi_open: bool):
     return value
 
 
+#: every integer setting fits a 64-bit signed integer (HDF5 attributes, torch's seed)
+INT_MAX = 2**63 - 1
+
+
 def integer(key: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
-    """A whole number (``3`` or ``3.0``; not ``True``) within ``[lo, hi]``."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not float(value).is_integer():
+    """A whole number (``3`` or ``3.0``; not ``True``) within ``[lo, hi]`` and below 2^63."""
+    whole = isinstance(value, Integral) or (isinstance(value, Real) and float(value).is_integer())
+    if isinstance(value, bool) or not whole:
         raise ConfigError(key, f"must be an integer, got {value!r}")
+    if abs(int(value)) > INT_MAX:
+        raise ConfigError(key, f"must be below 2^63, got {value!r}")
     return _within(key, int(value), lo, hi, False, False)
 
 
@@ -108,8 +115,12 @@ def unknown(key: str, what: str, name: Any, allowed: Iterable[str], hint: str = 
 
 def known_keys(prefix: str, what: str, params: dict, allowed: Iterable[str]) -> None:
     """Raise for the first key of ``params`` not in ``allowed``, as ``prefix.key``."""
+    from .config import FIELDS  # config imports this module
+
     allowed = list(allowed)
     for key in params:
         if key not in allowed:
-            raise ConfigError(f"{prefix}.{key}", f"unknown parameter of {what}; {suggestion(key, allowed)}"
+            toml = (f"{key} is a top-level setting: in a TOML file, put it above the first [section] (TOML reads "
+                    f"every key after [{prefix}] into that section); ") if key in FIELDS else ""
+            raise ConfigError(f"{prefix}.{key}", f"unknown parameter of {what}; {toml}{suggestion(key, allowed)}"
                                                  f"allowed: {', '.join(allowed) or '(none)'}")

@@ -13,6 +13,7 @@ import os
 
 from mpi4py import MPI
 
+from fedring import validate as check
 from fedring.config import GENERAL, Config, load_toml, merge, parse_value, validate
 from fedring.errors import ConfigError
 from fedring.runtime import Watchdog, agree_on_config_error
@@ -27,6 +28,14 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):
+        if message.startswith("unrecognized arguments:"):  # the first misspelt option gets a suggestion
+            for arg in message.split(":", 1)[1].split():
+                name = arg.split("=", 1)[0]
+                if name.startswith("--"):
+                    close = check.closest(name, [o for o in self._option_string_actions if o.startswith("--")])
+                    if close:
+                        raise ConfigError("arguments", f"unknown option {name}; did you mean {close}? "
+                                                       f"(see {self.prog} --help)")
         raise ConfigError("arguments", f"{message} (see {self.prog} --help)")
 
     def print_help(self, file=None):
@@ -81,7 +90,8 @@ def run_parser() -> ArgumentParser:
     add("--model", metavar="NAME", help="the network: cnn (28x28 grey images; default) or cnn_cifar (32x32 colour: cifar10)")
     add("--partition", help=f"{', '.join(PARTITIONS)} (default {d.partition})")
     add("--noniid", type=float, metavar="X", help=f"Fang's degree q, or the Dirichlet alpha (default {d.noniid})")
-    add("--rounds", type=int, metavar="R", help=f"communication rounds (default {d.rounds})")
+    add("--rounds", type=int, metavar="R",
+        help=f"communication rounds (default {d.rounds}: a quick look; the papers' runs name theirs, 300 to 2000)")
     add("--lr", type=float, help=f"w <- w - lr * aggregate; the sign rules move each coordinate by lr (default {d.lr}; use ~3e-3 for them)")
     add("--lr-schedule", dest="lr_schedule", metavar="NAME", help=f"{', '.join(SCHEDULES)} (default constant); parameters as step.KEY ...")
     add("--batch-size", dest="batch_size", type=int, metavar="B", help=f"mini-batch per client and local step (default {d.batch_size})")
