@@ -77,7 +77,7 @@ def parse_value(text: str) -> Any:
     """A ``--set`` value: a TOML literal (``5``, ``0.1``, ``true``, ``[1, 2]``, ``"x"``) or a bare string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except (tomllib.TOMLDecodeError, RecursionError):
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError):  # ValueError: an integer of > 4300 digits
         return text
 
 
@@ -142,7 +142,7 @@ def load_toml(path: str) -> dict[str, Any]:
         raise ConfigError("config", f"{path} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
     try:
         return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
+    except (tomllib.TOMLDecodeError, ValueError) as e:  # ValueError: an integer of > 4300 digits
         raise ConfigError("config", f"{path} is not valid TOML: {e}") from None
     except RecursionError:
         raise ConfigError("config", f"{path} nests its values too deeply to be a settings file") from None
