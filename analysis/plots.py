@@ -1,7 +1,8 @@
 """Figures as PNG (matplotlib, Agg backend: no display needed).
 
-- ``plot-accuracy``: test accuracy vs round, one line per defence (mean over seeds), one
-  panel per attack when the runs cover several.
+- ``plot-accuracy``: test accuracy vs round, a panel per attack, a line per defence (mean over
+  seeds, the band from the lowest to the highest seed), one colour per defence in every panel;
+  a line whose runs differ in anything but the seed is refused as ``table`` refuses its cell.
 - ``plot-bytes``: bytes a client sends per round vs the number of clients, one line per ring
   method (RAR, BRACE, ...) and one for the server architecture, whose server node's traffic
   (dashed) grows with the clients: the bandwidth-optimality picture of the BRACE paper.
