@@ -15,7 +15,7 @@ import os
 from mpi4py import MPI
 
 from fedring import validate as check
-from fedring.config import GENERAL, Config, config_differences, load_toml, merge, parse_value, validate
+from fedring.config import GENERAL, RUN_CONTROL, Config, config_differences, load_toml, merge, parse_value, validate
 from fedring.errors import ConfigError
 from fedring.runtime import Watchdog, agree_on_config_error
 from fedring.tasks import TASKS
@@ -160,7 +160,8 @@ def build_config(argv: list[str], world_size: int, parser: ArgumentParser | None
 
 def resumed_config(path: str, layers: list[tuple[dict, str]]) -> Config:
     """The settings stored in the results file ``path`` with ``layers`` applied over them; a
-    result-changing setting given that differs from the stored one is an error naming it."""
+    result-changing setting given that differs from the stored one is an error naming it. The
+    run-control settings are not taken from the file: they are this command's own."""
     import h5py
 
     try:
@@ -169,7 +170,8 @@ def resumed_config(path: str, layers: list[tuple[dict, str]]) -> Config:
     except (OSError, KeyError, ValueError) as e:
         raise ConfigError("resume", f"{path} is not a readable fedring results file ({type(e).__name__}: {e}); "
                           "it is left as it is: remove it, or start afresh with --overwrite") from None
-    cfg = merge(Config(), {k: v for k, v in stored.items() if k != "sections"}, path)
+    # the run-control settings (--quiet, --checkpoint-every ...) steer this invocation, not the results
+    cfg = merge(Config(), {k: v for k, v in stored.items() if k != "sections" and k not in RUN_CONTROL}, path)
     cfg.sections = {name: dict(values) for name, values in stored.get("sections", {}).items()}
     for items, origin in layers:
         merge(cfg, items, origin)
