@@ -34,7 +34,15 @@ from . import ATTACK_LABELS, METHOD_ORDER  # noqa: E402
 from .conformal import case_columns, conformal_cases, size_label  # noqa: E402
 from .load import load_runs, report_skipped, round_rows  # noqa: E402
 from .tables import (  # noqa: E402
-    METHOD_KEYS, ONE_PER_TABLE, check_cells, _order, apply_where, check_comparable, method_labels, say_varying, text,
+    METHOD_KEYS,
+    ONE_PER_TABLE,
+    _order,
+    apply_where,
+    check_cells,
+    check_comparable,
+    method_labels,
+    say_varying,
+    text,
 )
 
 

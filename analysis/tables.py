@@ -36,7 +36,13 @@ import pandas as pd
 
 from fedring.config import FIELDS, RUN_CONTROL
 
-from . import AGGREGATOR_LABELS, ATTACK_LABELS, BRACE_SYMMETRIC, METHOD_ORDER, PRE_AGGREGATOR_LABELS
+from . import (
+    AGGREGATOR_LABELS,
+    ATTACK_LABELS,
+    BRACE_SYMMETRIC,
+    METHOD_ORDER,
+    PRE_AGGREGATOR_LABELS,
+)
 from .load import RUN_COLUMNS, load_runs, report_skipped
 
 SUCCESS = "attack_success_rate"

@@ -15,7 +15,16 @@ import os
 from mpi4py import MPI
 
 from fedring import validate as check
-from fedring.config import GENERAL, RUN_CONTROL, Config, config_differences, load_toml, merge, parse_value, validate
+from fedring.config import (
+    GENERAL,
+    RUN_CONTROL,
+    Config,
+    config_differences,
+    load_toml,
+    merge,
+    parse_value,
+    validate,
+)
 from fedring.errors import ConfigError
 from fedring.runtime import Watchdog, agree_on_config_error
 from fedring.tasks import TASKS
