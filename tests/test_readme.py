@@ -29,8 +29,12 @@ def tour_commands() -> list[tuple[list[str], str, str]]:
     out = []
     for i, line in enumerate(lines):
         if line.startswith("$ mpiexec -n 2 python -m fedring run "):
-            last = next(m for m in map(PROGRESS.match, lines[i + 1:]) if m)
-            out.append((shlex.split(line[2:]), last.group(3), last.group(4)))
+            quoted = []  # the command's output: up to the next command or the end of the block
+            for after in lines[i + 1:]:
+                if after.startswith(("$ ", "```")):
+                    break
+                quoted += [m for m in [PROGRESS.match(after)] if m]
+            out.append((shlex.split(line[2:]), quoted[-1].group(3), quoted[-1].group(4)))
     return out
 
 
