@@ -47,9 +47,10 @@ COMMANDS = {
 EXTRAS = ("pandas", "matplotlib")
 INSTALL_EXTRA = "pip install 'fedring[analysis]'"
 
-# The BRACE paper's names and order (Table 2): attacks as rows, defences as columns.
+# The BRACE paper's names and order (Table 2): attacks as rows, defences as columns; then the
+# other attacks and rules, named as their papers name them (docs/attacks.md, docs/aggregators.md).
 ATTACK_LABELS = {
-    "none": "None attack",
+    "none": "no attack",
     "labelflip": "LF attack",
     "gaussian": "Gaussian attack",
     "fang_krum": "Krum attack",
@@ -58,6 +59,14 @@ ATTACK_LABELS = {
     "minsum": "Min-Sum attack",
     "backdoor": "Backdoor attack",
     "adaptive": "Adaptive attack",
+    "alie": "ALIE attack",
+    "ipm": "IPM attack",
+    "foe": "FoE attack",
+    "hplus_attack": "H+ attack",
+    "mimic": "Mimic attack",
+    "scaling": "Scaling attack",
+    "signflip": "Sign-flip attack",
+    "nonfinite": "Non-finite attack",
 }
 AGGREGATOR_LABELS = {
     "mean": "RAR",
@@ -67,8 +76,23 @@ AGGREGATOR_LABELS = {
     "signsgd": "signSGD",
     "rlr": "RLR",
     "brace": "BRACE",
+    "multikrum": "Multi-Krum",
+    "bulyan": "Bulyan",
+    "geomed": "GeoMed",
+    "cclip": "CClip",
+    "huber": "Huber",
+    "fltrust": "FLTrust",
+    "zenopp": "Zeno++",
+    "fldetector": "FLDetector",
+    "fedseca": "FedSECA",
+    "hplus": "H+",
+    "copod": "COPOD",
+    "mca": "MCA",
+    "ties": "TIES",
 }
+#: the pre-aggregators, as in ``NNM+Krum``
+PRE_AGGREGATOR_LABELS = {"bucketing": "Bucketing", "clipping": "Clipping", "nnm": "NNM"}
 #: BRACE with ``brace.rule = symmetric`` (+1 / -1 / 0 around lambda; not the paper's eq. (1))
 BRACE_SYMMETRIC = "BRACE-sym"
-#: the column order of the defences
-METHOD_ORDER = [*AGGREGATOR_LABELS.values(), BRACE_SYMMETRIC]
+#: the column order of the defences: the paper's (BRACE-sym beside BRACE), then the others
+METHOD_ORDER = [*list(AGGREGATOR_LABELS.values())[:7], BRACE_SYMMETRIC, *list(AGGREGATOR_LABELS.values())[7:]]

@@ -1,7 +1,8 @@
 """Figures as PNG (matplotlib, Agg backend: no display needed).
 
-- ``plot-accuracy``: test accuracy vs round, one line per defence (mean over seeds), one
-  panel per attack when the runs cover several.
+- ``plot-accuracy``: test accuracy vs round, a panel per attack, a line per defence (mean over
+  seeds, the band from the lowest to the highest seed), one colour per defence in every panel;
+  a line whose runs differ in anything but the seed is refused as ``table`` refuses its cell.
 - ``plot-bytes``: bytes a client sends per round vs the number of clients, one line per ring
   method (RAR, BRACE, ...) and one for the server architecture, whose server node's traffic
   (dashed) grows with the clients: the bandwidth-optimality picture of the BRACE paper.
@@ -22,6 +23,8 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import matplotlib.colors
+import matplotlib.lines
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -30,7 +33,17 @@ import pandas as pd
 from . import ATTACK_LABELS, METHOD_ORDER
 from .conformal import case_columns, conformal_cases, size_label
 from .load import load_runs, report_skipped, round_rows
-from .tables import _order, apply_where, method_labels, text
+from .tables import (
+    METHOD_KEYS,
+    ONE_PER_TABLE,
+    _order,
+    apply_where,
+    check_cells,
+    check_comparable,
+    method_labels,
+    say_varying,
+    text,
+)
 
 
 def _save(fig, out: str) -> None:
@@ -40,30 +53,54 @@ def _save(fig, out: str) -> None:
     print(f"wrote {out}")
 
 
+def method_colors(methods: list[str]) -> dict[str, str]:
+    """One colour per method, the same in every panel (tab10, then tab20 for more than 10)."""
+    palette = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20").colors
+    return {m: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, m in enumerate(methods)}
+
+
 def plot_accuracy(df: pd.DataFrame, out: str) -> None:
-    df = df.assign(method=method_labels(df))
-    attacks = _order(df["attack"].map(lambda a: ATTACK_LABELS.get(a, a)).unique(), ATTACK_LABELS) if "attack" in df else [None]
+    """A panel per attack, a line per defence: the mean over seeds, the band from the lowest to
+    the highest seed; every run of a line shares every setting but the seed (else SystemExit)."""
+    df = df.assign(method=method_labels(df), attack=df["attack"].map(lambda a: ATTACK_LABELS.get(a, a)))
+    runs = df.drop_duplicates("run")
+    check_comparable(runs, {"attack"})
+    check_cells(runs, "attack", "method", {"attack", "method", "seed", *METHOD_KEYS})
+    attacks = _order(df["attack"].unique(), ATTACK_LABELS)
     methods = _order(df["method"].unique(), METHOD_ORDER)
+    colors = method_colors(methods)
     ncols = min(3, len(attacks))
     nrows = math.ceil(len(attacks) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), sharex=True, sharey=True, squeeze=False)
+    legend_rows = math.ceil(len(methods) / 6)
+    height = 3.2 * nrows + 0.3 + 0.3 * legend_rows  # inches: the panels, the title, the legend below
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, height), sharex=True, sharey=True, squeeze=False)
+    seeds = 1
     for ax, attack in zip(axes.flat, attacks):
-        part = df if attack is None else df[df["attack"].map(lambda a: ATTACK_LABELS.get(a, a)) == attack]
+        part = df[df["attack"] == attack]
         for m in methods:
-            curve = part[part["method"] == m].groupby("round")["test_accuracy"].mean()
-            if len(curve):
-                ax.plot(curve.index, curve.values, label=m, marker="." if len(curve) < 30 else None)
-        ax.set_title(attack or "test accuracy")
+            runs_of = part[part["method"] == m].pivot_table(index="round", columns="run", values="test_accuracy")
+            if runs_of.empty:
+                continue
+            seeds = max(seeds, runs_of.shape[1])
+            mean = runs_of.mean(axis=1)
+            ax.plot(mean.index, mean.values, color=colors[m], label=m, marker="." if len(mean) < 30 else None)
+            if runs_of.shape[1] > 1:
+                ax.fill_between(runs_of.index, runs_of.min(axis=1), runs_of.max(axis=1), color=colors[m], alpha=0.2,
+                                linewidth=0)
+        ax.set_title(attack)
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(attacks):]:
         ax.set_visible(False)
-    for ax in axes[-1]:
+    for ax in axes.flat:
         ax.set_xlabel("round")
-    for ax in axes[:, 0]:
         ax.set_ylabel("test accuracy")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.tight_layout(rect=(0, 0.08 / nrows, 1, 1))
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 7))
+        ax.tick_params(labelbottom=True, labelleft=True)
+    handles = [matplotlib.lines.Line2D([], [], color=colors[m], label=m) for m in methods]
+    setting = ", ".join(f"{key} {text(runs[key].iloc[0])}" for key in ONE_PER_TABLE if key in runs)
+    spread = f"line: mean over seeds; band: lowest to highest of up to {seeds} seeds" if seeds > 1 else "one seed per line"
+    fig.suptitle(f"Test accuracy ({setting}; {spread})", fontsize=10)
+    fig.tight_layout(rect=(0, (0.1 + 0.3 * legend_rows) / height, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(methods), 6))
     _save(fig, out)
 
 
@@ -76,6 +113,7 @@ def traffic(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_bytes(df: pd.DataFrame, out: str) -> None:
+    check_comparable(df.drop_duplicates("run"), {"clients"})
     t = traffic(df)
     fig, ax = plt.subplots(figsize=(6, 4))
     order = _order(t["architecture"].unique(), [*METHOD_ORDER, "Server"])
@@ -191,6 +229,7 @@ def _runs(args) -> pd.DataFrame | None:
     if df.empty:
         print("no complete training runs to plot", file=sys.stderr)
         return None
+    say_varying(df.drop_duplicates("run"))
     return df
 
 

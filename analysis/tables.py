@@ -36,7 +36,13 @@ import pandas as pd
 
 from fedring.config import FIELDS, RUN_CONTROL
 
-from . import AGGREGATOR_LABELS, ATTACK_LABELS, BRACE_SYMMETRIC, METHOD_ORDER
+from . import (
+    AGGREGATOR_LABELS,
+    ATTACK_LABELS,
+    BRACE_SYMMETRIC,
+    METHOD_ORDER,
+    PRE_AGGREGATOR_LABELS,
+)
 from .load import RUN_COLUMNS, load_runs, report_skipped
 
 SUCCESS = "attack_success_rate"
@@ -61,7 +67,8 @@ def method_labels(runs: pd.DataFrame) -> pd.Series:
         label = label.where(~((agg == "brace") & (runs["brace.rule"].map(text) == "symmetric")), BRACE_SYMMETRIC)
     if "pre_aggregators" in runs:
         pre = runs["pre_aggregators"].map(text)
-        label = label.where(pre == "", pre.str.replace(",", "+") + "+" + label)
+        named = pre.map(lambda p: "+".join(PRE_AGGREGATOR_LABELS.get(x, x) for x in p.split(",")))
+        label = label.where(pre == "", named + "+" + label)
     if "topology" not in runs:
         return label
     both = runs.assign(_l=label).groupby("_l")["topology"].transform("nunique") > 1
@@ -122,7 +129,36 @@ def _order(values, labels) -> list:
     return known + sorted(present - set(known), key=str)
 
 
-def _check_cells(final: pd.DataFrame, rows: str, cols: str, fixed: set) -> None:
+#: settings that make runs incomparable: one figure or table shows one of each, unless it is an axis
+ONE_PER_TABLE = ("dataset", "clients")
+
+
+def varying_settings(runs: pd.DataFrame) -> dict[str, list[str]]:
+    """The result-changing settings (not ``seed``) whose values differ across ``runs`` (one row
+    per run), with their values."""
+    values = {c: sorted(runs[c].map(lambda v: text(v) or "unset").unique()) for c in config_columns(runs) if c != "seed"}
+    return {c: v for c, v in values.items() if len(v) > 1}
+
+
+def say_varying(runs: pd.DataFrame) -> None:
+    """Name on stderr the settings that vary across the runs (what a table or plot compares)."""
+    varying = varying_settings(runs)
+    n = runs["run"].nunique()
+    what = "; ".join(f"{k} ({', '.join(v[:6])}{', ...' if len(v) > 6 else ''})" for k, v in varying.items())
+    print(f"{n} run{'' if n == 1 else 's'}; " + (f"settings that vary across them: {what}" if varying else
+                                                 "they differ in nothing but the seed"), file=sys.stderr)
+
+
+def check_comparable(runs: pd.DataFrame, axes: set) -> None:
+    """Refuse runs on several data sets or client counts, unless that setting is one of ``axes``."""
+    for key in ONE_PER_TABLE:
+        if key in runs and key not in axes and runs[key].map(text).nunique() > 1:
+            values = ", ".join(sorted(runs[key].map(text).unique()))
+            raise SystemExit(f"the runs differ in {key} ({values}), which one table or figure does not mix: "
+                             f"choose with --where {key}=VALUE")
+
+
+def check_cells(final: pd.DataFrame, rows: str, cols: str, fixed: set) -> None:
     """Refuse a cell whose runs differ in a setting other than ``fixed``."""
     mixed = {}
     for key, cell in final.groupby([rows, cols]):
@@ -207,7 +243,8 @@ def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", me
         if axis not in final:
             raise SystemExit(f"no column {axis!r} in the runs; columns: {', '.join(final.columns)}")
     fixed = {rows, cols, "seed", *METHOD_KEYS} if cols == "method" else {rows, cols, "seed"}
-    _check_cells(final, rows, cols, fixed)
+    check_comparable(final, {rows, cols})
+    check_cells(final, rows, cols, fixed)
     has_success = metric != SUCCESS and SUCCESS in final and final[SUCCESS].notna().any()
     measures = [metric, SUCCESS] if has_success else [metric]
     row_order = _order(final[rows].unique(), ATTACK_LABELS if rows == "attack" else [])
@@ -247,7 +284,7 @@ def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", me
                + f" ({_rounds(final, window)})"
                + (f"; {short} runs have fewer evaluations: all of theirs are used" if short else "")
                + (f"; where measured: {what} / attack success rate" if has_success else "")
-               + f". {len(final)} runs" + (f", mean ± sd (n runs) over {seeds} seeds" if seeds > 1 else "") + ".")
+               + f". {len(final)} run{'' if len(final) == 1 else 's'}" + (f", mean ± sd (n runs) over {seeds} seeds" if seeds > 1 else "") + ".")
     if beside is not None:
         caption += f" In parentheses: {source}."
     if ref is not None:
@@ -321,6 +358,7 @@ def main_table(argv: list[str]) -> int:
     if df.empty:
         print("no complete training runs to tabulate", file=sys.stderr)
         return 1
+    say_varying(df.drop_duplicates("run"))
     write_outputs(*paper_table(df, args.rows, args.cols, args.metric, args.digits, args.final_window, args.diff_to,
                                beside), args.out)
     return 0

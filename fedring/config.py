@@ -46,7 +46,7 @@ class Config:
     partition: str = "fang"
     noniid: float = 0.5
     model: str = "cnn"
-    rounds: int = 2000
+    rounds: int = 100  # a forgotten --rounds costs seconds, not an hour (docs/cli.md)
     lr: float = 0.1
     lr_schedule: str = "constant"
     batch_size: int = 32
@@ -77,7 +77,7 @@ def parse_value(text: str) -> Any:
     """A ``--set`` value: a TOML literal (``5``, ``0.1``, ``true``, ``[1, 2]``, ``"x"``) or a bare string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError):  # ValueError: an integer of > 4300 digits
         return text
 
 
@@ -121,14 +121,31 @@ def merge(cfg: Config, items: dict[str, Any], origin: str) -> Config:
     return cfg
 
 
+#: a settings file is a few lines; anything larger is refused before it is parsed
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def load_toml(path: str) -> dict[str, Any]:
+    """The settings file ``path``: UTF-8 TOML (a leading byte-order mark is allowed), at most 1 MiB."""
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError("config", f"file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {path}: {e.strerror or e}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError("config", f"{path} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a settings file")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError("config", f"{path} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError) as e:  # ValueError: an integer of > 4300 digits
         raise ConfigError("config", f"{path} is not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError("config", f"{path} nests its values too deeply to be a settings file") from None
 
 
 def section_settings(schema: type, name: str, values: dict[str, Any]):

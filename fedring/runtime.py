@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import sys
 import threading
@@ -207,12 +208,22 @@ class Watchdog:
 
 
 class Progress:
-    """Rank 0's progress lines: ``round  50/300  <what>  elapsed 1m02s  ETA 5m10s``."""
+    """Rank 0's progress lines: ``round  50/300  <what>  elapsed 1m02s  ETA 5m10s``.
+
+    On a terminal each line replaces the one before (cut to the terminal's width), so a long
+    run keeps one line on screen; into a file or a pipe go the first line, every tenth and the
+    last, so a 200-trial log has 21 lines, not 200.
+    """
+
+    #: when not on a terminal, one line in this many is written (the first and the last always)
+    EVERY = 10
 
     def __init__(self, unit: str, total: int, quiet: bool, already: float = 0.0, first: int = 0):
         self.unit, self.total, self.quiet = unit, total, quiet
         self.start = time.perf_counter() - already
         self.first, self.first_time = first, time.perf_counter()
+        self.lines = 0
+        self.tty = not quiet and sys.stdout.isatty()
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -220,9 +231,15 @@ class Progress:
     def line(self, done: int, what: str) -> None:
         if self.quiet:
             return
+        self.lines += 1
         per_step = (time.perf_counter() - self.first_time) / max(done - self.first, 1)
-        print(f"{self.unit} {done:>{len(str(self.total))}}/{self.total}  {what}  elapsed {_hms(self.elapsed())}  "
-              f"ETA {_hms(per_step * (self.total - done))}", flush=True)
+        text = (f"{self.unit} {done:>{len(str(self.total))}}/{self.total}  {what}  elapsed {_hms(self.elapsed())}  "
+                f"ETA {_hms(per_step * (self.total - done))}")
+        if self.tty:  # up to the previous progress line, clear it, write this one there
+            width = shutil.get_terminal_size().columns - 1
+            print(("\x1b[F\x1b[K" if self.lines > 1 else "") + text[:width], flush=True)
+        elif self.lines == 1 or self.lines % self.EVERY == 0 or done >= self.total:
+            print(text, flush=True)
 
 
 def _hms(seconds: float) -> str:

@@ -26,6 +26,12 @@ from typing import Any
 from .errors import ConfigError
 
 
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error message stays one short line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def closest(name: Any, allowed: Iterable[str]) -> str | None:
     """The allowed name closest to a misspelt one, if any is close."""
     close = difflib.get_close_matches(str(name), [str(a) for a in allowed], n=1, cutoff=0.6)
@@ -50,22 +56,29 @@ def _within(key: str, value, lo, hi, lo_open: bool, hi_open: bool):
     below = lo is not None and (value < lo or (lo_open and value == lo))
     above = hi is not None and (value > hi or (hi_open and value == hi))
     if below or above:
-        raise ConfigError(key, f"must be {_bounds(lo, hi, lo_open, hi_open)}, got {value!r}")
+        raise ConfigError(key, f"must be {_bounds(lo, hi, lo_open, hi_open)}, got {shown(value)}")
     return value
 
 
+#: every integer setting fits a 64-bit signed integer (HDF5 attributes, torch's seed)
+INT_MAX = 2**63 - 1
+
+
 def integer(key: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
-    """A whole number (``3`` or ``3.0``; not ``True``) within ``[lo, hi]``."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not float(value).is_integer():
-        raise ConfigError(key, f"must be an integer, got {value!r}")
-    return _within(key, math.trunc(value), lo, hi, False, False)
+    """A whole number (``3`` or ``3.0``; not ``True``) within ``[lo, hi]`` and below 2^63."""
+    whole = isinstance(value, Integral) or (isinstance(value, Real) and float(value).is_integer())
+    if isinstance(value, bool) or not whole:
+        raise ConfigError(key, f"must be an integer, got {shown(value)}")
+    if abs(int(value)) > INT_MAX:
+        raise ConfigError(key, f"must be below 2^63, got {shown(value)}")
+    return _within(key, int(value), lo, hi, False, False)
 
 
 def real(key: str, value: Any, lo: float | None = None, hi: float | None = None,
          lo_open: bool = False, hi_open: bool = False) -> float:
     """A finite number within the bounds (open where asked)."""
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
-        raise ConfigError(key, f"must be a finite number, got {value!r}")
+        raise ConfigError(key, f"must be a finite number, got {shown(value)}")
     return _within(key, float(value), lo, hi, lo_open, hi_open)
 
 
@@ -73,7 +86,7 @@ def choice(key: str, value: Any, allowed: Iterable) -> Any:
     """One of ``allowed``; a near miss gets a suggestion."""
     allowed = tuple(allowed)
     if value not in allowed:
-        raise ConfigError(key, f"{value!r} is not allowed; {suggestion(value, allowed)}"
+        raise ConfigError(key, f"{shown(value)} is not allowed; {suggestion(value, allowed)}"
                                f"allowed: {', '.join(map(str, allowed))}")
     return value
 
@@ -82,12 +95,12 @@ def boolean(key: str, value: Any) -> bool:
     """``true``/``false`` (or 1/0)."""
     if isinstance(value, bool) or (isinstance(value, Integral) and value in (0, 1)):
         return bool(value)
-    raise ConfigError(key, f"must be true or false, got {value!r}")
+    raise ConfigError(key, f"must be true or false, got {shown(value)}")
 
 
 def text(key: str, value: Any) -> str:
     if not isinstance(value, str):
-        raise ConfigError(key, f"must be a string, got {value!r}")
+        raise ConfigError(key, f"must be a string, got {shown(value)}")
     return value
 
 
@@ -95,21 +108,25 @@ def names(key: str, value: Any) -> list[str]:
     """A list of names, as a list or as one comma-separated string."""
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
-        raise ConfigError(key, f"must be a list of names, got {value!r}")
+        raise ConfigError(key, f"must be a list of names, got {shown(value)}")
     return [v.strip() for v in items if v.strip()]
 
 
 def unknown(key: str, what: str, name: Any, allowed: Iterable[str], hint: str = "") -> ConfigError:
     """The error for a name that is not registered: ``unknown aggregator 'krumm'; did you mean 'krum'...``."""
     allowed = list(allowed)
-    return ConfigError(key, f"unknown {what} {name!r}; {suggestion(name, allowed)}{hint}"
+    return ConfigError(key, f"unknown {what} {shown(name)}; {suggestion(name, allowed)}{hint}"
                             f"allowed: {', '.join(allowed) or '(none)'}")
 
 
 def known_keys(prefix: str, what: str, params: dict, allowed: Iterable[str]) -> None:
     """Raise for the first key of ``params`` not in ``allowed``, as ``prefix.key``."""
+    from .config import FIELDS  # config imports this module
+
     allowed = list(allowed)
     for key in params:
         if key not in allowed:
-            raise ConfigError(f"{prefix}.{key}", f"unknown parameter of {what}; {suggestion(key, allowed)}"
+            toml = (f"{key} is a top-level setting: in a TOML file, put it above the first [section] (TOML reads "
+                    f"every key after [{prefix}] into that section); ") if key in FIELDS else ""
+            raise ConfigError(f"{prefix}.{key}", f"unknown parameter of {what}; {toml}{suggestion(key, allowed)}"
                                                  f"allowed: {', '.join(allowed) or '(none)'}")

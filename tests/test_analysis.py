@@ -123,12 +123,12 @@ def test_paper_table_layout_and_exact_cells(runs):
         "18 runs, mean ± sd (n runs) over 2 seeds.\n\n"
         "| Attack | RAR | Krum | BRACE |\n"
         "|---|---|---|---|\n"
-        "| None attack | 0.19 ± 0.09 (2) | 0.25 ± 0.09 (2) | 0.12 ± 0.09 (2) |\n"
+        "| no attack | 0.19 ± 0.09 (2) | 0.25 ± 0.09 (2) | 0.12 ± 0.09 (2) |\n"
         "| Gaussian attack | 0.25 ± 0.09 (2) | 0.31 ± 0.09 (2) | 0.19 ± 0.09 (2) |\n"
         "| Backdoor attack | 0.31 ± 0.09 (2) / 0.25 | 0.38 ± 0.09 (2) / 0.25 | 0.25 ± 0.09 (2) / 0.25 |\n"
     )
     assert list(csv.columns) == [f"{m}{s}" for m in ("RAR", "Krum", "BRACE") for s in ("", " sd", " n")]
-    assert list(csv.index) == ["None attack", "Gaussian attack", "Backdoor attack", "Backdoor attack (attack success rate)"]
+    assert list(csv.index) == ["no attack", "Gaussian attack", "Backdoor attack", "Backdoor attack (attack success rate)"]
     assert csv.loc["Gaussian attack", "Krum"] == 1 - (0.6875 - 0.0625 + 0.0625)
     assert csv.loc["Gaussian attack", "Krum sd"] == pytest.approx(0.125 / 2**0.5)
     assert csv.loc["Gaussian attack", "Krum n"] == 2
@@ -137,7 +137,7 @@ def test_paper_table_layout_and_exact_cells(runs):
     # accuracy instead of error: the title says so, the cells are 1 - error
     markdown, csv = paper_table(df, metric="test_accuracy")
     assert markdown.startswith("Final test accuracy (round 4); where measured: test accuracy / attack success rate.")
-    assert "| None attack | 0.81 ± 0.09 (2) | 0.75 ± 0.09 (2) | 0.88 ± 0.09 (2) |" in markdown
+    assert "| no attack | 0.81 ± 0.09 (2) | 0.75 ± 0.09 (2) | 0.88 ± 0.09 (2) |" in markdown
     assert csv.loc["Gaussian attack", "Krum"] == 0.6875 - 0.0625 + 0.0625
 
 
@@ -145,14 +145,14 @@ def test_paper_table_refuses_cells_that_mix_settings(runs, tmp_path, analysis_cl
     fake_run(runs / "extra.h5", accuracy=lambda r: 0.5, topology="ring", aggregator="mean", attack="none", seed=2,
              byzantine=0.25, rounds=4, noniid=0.1)
     df, _ = load_runs([runs])
-    with pytest.raises(SystemExit, match=r"cell attack='None attack', method='RAR' differ in noniid \(0.1, 0.5\)"):
+    with pytest.raises(SystemExit, match=r"cell attack='no attack', method='RAR' differ in noniid \(0.1, 0.5\)"):
         paper_table(df)
     proc = analysis_cli("table", runs, "--where", "noniid=0.5", "--out", tmp_path / "t2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "t2.md").read_text().startswith("Final test error (round 4)")
     assert "skipped " + str(runs / "junk.h5") in proc.stderr
     csv = pd.read_csv(tmp_path / "t2.csv", index_col=0)
-    assert csv.index.name == "attack" and csv.loc["None attack", "BRACE"] == 1 - (0.8125 + 0.0625)
+    assert csv.index.name == "attack" and csv.loc["no attack", "BRACE"] == 1 - (0.8125 + 0.0625)
 
 
 def test_plots_are_pngs(runs, tmp_path, analysis_cli):
@@ -253,5 +253,5 @@ def test_real_runs_end_to_end(tmp_path):
     assert skipped == [] and len(df) == 2
     _, csv = paper_table(df)
     with h5py.File(tmp_path / "median.h5") as f:
-        assert csv.loc["None attack", "Median"] == 1 - f["metrics/test_accuracy"][-1]
+        assert csv.loc["no attack", "Median"] == 1 - f["metrics/test_accuracy"][-1]
         assert df[df["run"] == "median"]["bytes_per_client_round"].iloc[0] == f["comm/bytes_sent"][:].mean()

@@ -82,12 +82,12 @@ def test_brace_rules_get_their_own_columns_and_n_is_shown(grid):
         "Final test accuracy (round 40). 9 runs, mean ± sd (n runs) over 2 seeds.\n\n"
         "| Attack | RAR | BRACE | BRACE-sym |\n"
         "|---|---|---|---|\n"
-        "| None attack | 0.8125 ± 0.0884 (2) | 0.8750 ± 0.1768 (2) | 0.5000 |\n"
+        "| no attack | 0.8125 ± 0.0884 (2) | 0.8750 ± 0.1768 (2) | 0.5000 |\n"
         "| Gaussian attack | 0.3125 ± 0.0884 (2) | 0.5000 ± 0.0000 (2) | - |\n"
     )
-    assert csv.loc["None attack", "BRACE-sym"] == 0.5 and csv.loc["None attack", "BRACE-sym n"] == 1
-    assert pd.isna(csv.loc["None attack", "BRACE-sym sd"]) and pd.isna(csv.loc["Gaussian attack", "BRACE-sym"])
-    assert csv.loc["None attack", "BRACE sd"] == pytest.approx(0.25 / 2**0.5)
+    assert csv.loc["no attack", "BRACE-sym"] == 0.5 and csv.loc["no attack", "BRACE-sym n"] == 1
+    assert pd.isna(csv.loc["no attack", "BRACE-sym sd"]) and pd.isna(csv.loc["Gaussian attack", "BRACE-sym"])
+    assert csv.loc["no attack", "BRACE sd"] == pytest.approx(0.25 / 2**0.5)
 
 
 def test_final_window_averages_the_last_k_evaluations(grid):
@@ -98,21 +98,21 @@ def test_final_window_averages_the_last_k_evaluations(grid):
         "Test accuracy, mean of the last 2 evaluations (rounds 30–40). 9 runs, mean ± sd (n runs) over 2 seeds.\n\n"
         "| Attack | RAR | BRACE | BRACE-sym |\n"
         "|---|---|---|---|\n"
-        "| None attack | 0.7500 ± 0.0884 (2) | 0.8281 ± 0.1105 (2) | 0.3750 |\n"
+        "| no attack | 0.7500 ± 0.0884 (2) | 0.8281 ± 0.1105 (2) | 0.3750 |\n"
         "| Gaussian attack | 0.3125 ± 0.0884 (2) | 0.5000 ± 0.0000 (2) | - |\n"
     )
-    assert csv.loc["None attack", "BRACE"] == 0.828125 and csv.loc["None attack", "BRACE n"] == 2
+    assert csv.loc["no attack", "BRACE"] == 0.828125 and csv.loc["no attack", "BRACE n"] == 2
     # the error is 1 - accuracy, window or not
     _, err = paper_table(df, window=2)
-    assert err.loc["None attack", "RAR"] == 0.25
+    assert err.loc["no attack", "RAR"] == 0.25
     # a window longer than the runs: all their evaluations, and the caption says so
     markdown, csv = paper_table(df, metric="test_accuracy", window=9)
     assert markdown.startswith("Test accuracy, mean of the last 9 evaluations (rounds 10–40); "
                                "9 runs have fewer evaluations: all of theirs are used. 9 runs")
-    assert csv.loc["None attack", "BRACE-sym"] == (0.25 * 3 + 0.5) / 4
+    assert csv.loc["no attack", "BRACE-sym"] == (0.25 * 3 + 0.5) / 4
     # any metric column: the lr applied in the round (stored as /metrics/lr, a setting is also called lr)
     markdown, csv = paper_table(df, metric="lr")
-    assert markdown.startswith("Final lr (round 40).") and csv.loc["None attack", "BRACE"] == pytest.approx(0.0003)
+    assert markdown.startswith("Final lr (round 40).") and csv.loc["no attack", "BRACE"] == pytest.approx(0.0003)
     with pytest.raises(SystemExit, match=r"--metric 'nope': not a metric of these runs; metrics: .*test_accuracy"):
         paper_table(df, metric="nope")
 
@@ -130,14 +130,14 @@ def test_diff_to_pairs_runs_by_seed_within_a_row(grid):
         "the paired runs also differ in brace.lambda, lr.\n\n"
         "| Attack | RAR | BRACE | BRACE-sym |\n"
         "|---|---|---|---|\n"
-        "| None attack | -0.0625 ± 0.0884 (2) | 0.8750 ± 0.1768 (2) | -0.2500 |\n"
+        "| no attack | -0.0625 ± 0.0884 (2) | 0.8750 ± 0.1768 (2) | -0.2500 |\n"
         "| Gaussian attack | -0.1875 ± 0.0884 (2) | 0.5000 ± 0.0000 (2) | - |\n"
     )
     assert list(csv.columns) == ["RAR - BRACE", "RAR - BRACE sd", "RAR - BRACE n", "BRACE", "BRACE sd", "BRACE n",
                                  "BRACE-sym - BRACE", "BRACE-sym - BRACE sd", "BRACE-sym - BRACE n"]
-    assert csv.loc["None attack", "RAR - BRACE"] == -0.0625 and csv.loc["None attack", "RAR - BRACE n"] == 2
-    assert csv.loc["None attack", "RAR - BRACE sd"] == pytest.approx(0.125 / 2**0.5)
-    assert csv.loc["Gaussian attack", "RAR - BRACE"] == -0.1875 and csv.loc["None attack", "BRACE-sym - BRACE"] == -0.25
+    assert csv.loc["no attack", "RAR - BRACE"] == -0.0625 and csv.loc["no attack", "RAR - BRACE n"] == 2
+    assert csv.loc["no attack", "RAR - BRACE sd"] == pytest.approx(0.125 / 2**0.5)
+    assert csv.loc["Gaussian attack", "RAR - BRACE"] == -0.1875 and csv.loc["no attack", "BRACE-sym - BRACE"] == -0.25
     with pytest.raises(SystemExit, match=r"--diff-to 'Krum': no such column; columns: RAR, BRACE, BRACE-sym"):
         paper_table(df, diff_to="Krum")
 
@@ -147,11 +147,11 @@ def test_table_command_with_window_and_diff(grid, tmp_path, analysis_cli):
                         "--diff-to", "BRACE", "--out", tmp_path / "out" / "t", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     # last two: RAR - BRACE = 0.6875 - 0.75, 0.8125 - 0.90625 -> -0.078125 ± 0.03125/sqrt(2); BRACE-sym 0.375 - 0.75
-    assert "| None attack | -0.0781 ± 0.0221 (2) | 0.8281 ± 0.1105 (2) | -0.3750 |" in (tmp_path / "out" / "t.md").read_text()
+    assert "| no attack | -0.0781 ± 0.0221 (2) | 0.8281 ± 0.1105 (2) | -0.3750 |" in (tmp_path / "out" / "t.md").read_text()
     csv = pd.read_csv(tmp_path / "out" / "t.csv", index_col=0)
     assert csv.index.name == "attack"
-    assert csv.loc["None attack", "RAR - BRACE"] == -0.078125 and csv.loc["None attack", "RAR - BRACE n"] == 2
-    assert csv.loc["None attack", "BRACE-sym - BRACE"] == -0.375 and csv.loc["None attack", "BRACE-sym - BRACE n"] == 1
+    assert csv.loc["no attack", "RAR - BRACE"] == -0.078125 and csv.loc["no attack", "RAR - BRACE n"] == 2
+    assert csv.loc["no attack", "BRACE-sym - BRACE"] == -0.375 and csv.loc["no attack", "BRACE-sym - BRACE n"] == 1
     assert csv.loc["Gaussian attack", "BRACE"] == 0.5 and csv.loc["Gaussian attack", "BRACE sd"] == 0.0
     bad = analysis_cli("table", grid, "--final-window", "0", cwd=tmp_path)
     assert bad.returncode == 2 and "--final-window: must be at least 1, got 0" in bad.stderr
@@ -165,33 +165,35 @@ def test_table_from_the_tidy_csv_equals_the_table_from_the_files(grid, tmp_path)
     assert skipped == []
     kw = dict(metric="test_accuracy", digits=4, window=2, diff_to="BRACE")
     assert paper_table(again, **kw)[0] == paper_table(df, **kw)[0]
-    assert "| None attack | -0.0781 ± 0.0221 (2) | 0.8281 ± 0.1105 (2) | -0.3750 |" in paper_table(again, **kw)[0]
+    assert "| no attack | -0.0781 ± 0.0221 (2) | 0.8281 ± 0.1105 (2) | -0.3750 |" in paper_table(again, **kw)[0]
 
 
 def test_beside_puts_another_tables_values_in_parentheses(grid, tmp_path, analysis_cli):
     paper = tmp_path / "paper.csv"
     # a comment line, an empty cell (None/RAR) and a value beside a cell the runs lack (Gaussian/BRACE-sym)
-    paper.write_text("# a paper's table\nattack,RAR,BRACE-sym\nNone attack,,0.25\nGaussian attack,0.3,0.125\n")
+    paper.write_text("# a paper's table\nattack,RAR,BRACE-sym\nno attack,,0.25\nGaussian attack,0.3,0.125\n")
     proc = analysis_cli("table", grid, "--metric", "test_accuracy", "--digits", "4", "--beside", paper, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("Final test accuracy (round 40). 9 runs, mean ± sd (n runs) over 2 seeds. "
                                   "In parentheses: paper.csv.\n\n")
-    assert "| None attack | 0.8125 ± 0.0884 (2) | 0.8750 ± 0.1768 (2) | 0.5000 (0.2500) |\n" in proc.stdout
+    assert "| no attack | 0.8125 ± 0.0884 (2) | 0.8750 ± 0.1768 (2) | 0.5000 (0.2500) |\n" in proc.stdout
     assert "| Gaussian attack | 0.3125 ± 0.0884 (2) (0.3000) | 0.5000 ± 0.0000 (2) | - (0.1250) |\n" in proc.stdout
     # rows the runs lack (a typo, or dropped by --where) are named on stderr and left out
     paper.write_text("attack,RAR,Krum\nGaussian attack,0.3,0.2\nKrum atack,0.1,0.2\n")
     proc = analysis_cli("table", grid, "--where", "attack=gaussian", "--beside", paper, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "| Gaussian attack | 0.69 ± 0.09 (2) (0.30) | 0.50 ± 0.00 (2) |\n" in proc.stdout
-    assert proc.stderr.splitlines() == ["--beside: rows not in the table, left out: 'Krum atack'",
+    assert proc.stderr.splitlines() == ["4 runs; settings that vary across them: aggregator (brace, mean); lr (0.003, 0.1); "
+                                        "brace.lambda (1, unset)",
+                                        "--beside: rows not in the table, left out: 'Krum atack'",
                                         "--beside: columns not in the table, left out: 'Krum'"]
     df = load_runs([grid])[0]
     typo = pd.DataFrame({"BRACE": [0.1]}, index=["Krum atack"])
     with pytest.raises(SystemExit, match=r"--beside: none of its rows \('Krum atack'\) is a row of the table; "
-                                         r"rows: None attack, Gaussian attack"):
+                                         r"rows: no attack, Gaussian attack"):
         paper_table(df, beside=typo)
     with pytest.raises(SystemExit, match=r"--beside: none of its columns \('Krum'\) is a column"):
-        paper_table(df, beside=pd.DataFrame({"Krum": [0.1]}, index=["None attack"]))
+        paper_table(df, beside=pd.DataFrame({"Krum": [0.1]}, index=["no attack"]))
     with pytest.raises(SystemExit, match="--beside and --diff-to cannot be combined"):
         paper_table(df, diff_to="BRACE", beside=typo)
     # an unreadable file is refused before any run is loaded

@@ -28,7 +28,7 @@ SMALL = ["--dataset", "synthetic", "--clients", "4", "--rounds", "2", "--quiet"]
         (["--dataset", "fashion-mnist", "--data-dir", "/nonexistent"], "data_dir: Fashion-MNIST files"),
         (["--config", "/nonexistent.toml"], "config: file /nonexistent.toml does not exist"),
         (["--frobnicate"], "arguments: unrecognized arguments: --frobnicate"),
-        (["--round", "5"], "arguments: unrecognized arguments: --round 5"),  # no abbreviations
+        (["--round", "5"], "arguments: unknown option --round; did you mean --rounds?"),  # no abbreviations
         (["--set", "brace.lambda=3"], "brace: settings of brace, which this run does not use (aggregator mean"),
         (["--aggregator", "brace", "--set", "brace.relay_clients=[1]"],
          "brace.relay_clients: in a run the Byzantine clients are the relays"),

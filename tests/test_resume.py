@@ -142,3 +142,21 @@ def test_resume_refuses_other_settings(tmp_path, references, fedring_cli):
     proc = fedring_cli(*RUN, "--lr", "0.5", "--out", out, "--resume")
     assert proc.returncode == 2
     assert "resume:" in proc.stderr and "lr: 0.1 -> 0.5" in proc.stderr
+
+
+def test_resume_from_the_file_alone(tmp_path, reference):
+    """The file holds every setting: --out and --resume are enough (on another rank count too);
+    the banner says where it resumes; a setting given must agree with the stored one."""
+    out = tmp_path / "run.h5"
+    crash_at_round(tmp_path, 1, 5, [*RUN, "--out", str(out)])
+    with h5py.File(out, "r") as f:
+        done = read_checkpoint(f)[1]["round"]
+    proc = fedring(1, "run", "--out", str(out), "--resume", "--rounds", "8", check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"fedring: error: resume: {out} was written with other "
+                                                           "settings (file -> given): rounds: 7 -> 8; leave them out")
+    proc = fedring(2, "run", "--out", str(out), "--resume", "--quiet", "--checkpoint-every", "1")  # run control may change
+    assert proc.stdout == "" and snapshot(out) == reference
+    out.unlink()
+    crash_at_round(tmp_path, 1, 5, [*RUN, "--out", str(out)])
+    proc = fedring(2, "run", "--out", str(out), "--resume", "--rounds", "7")
+    assert f"fedring: resuming {out} from round {done} of 7\n" in proc.stdout and snapshot(out) == reference

@@ -9,11 +9,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 
 from mpi4py import MPI
 
-from fedring.config import GENERAL, Config, load_toml, merge, parse_value, validate
+from fedring import validate as check
+from fedring.config import (
+    GENERAL,
+    RUN_CONTROL,
+    Config,
+    config_differences,
+    load_toml,
+    merge,
+    parse_value,
+    validate,
+)
 from fedring.errors import ConfigError
 from fedring.runtime import Watchdog, agree_on_config_error
 from fedring.tasks import TASKS
@@ -27,6 +38,14 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):
+        if message.startswith("unrecognized arguments:"):  # the first misspelt option gets a suggestion
+            for arg in message.split(":", 1)[1].split():
+                name = arg.split("=", 1)[0]
+                if name.startswith("--"):
+                    close = check.closest(name, [o for o in self._option_string_actions if o.startswith("--")])
+                    if close:
+                        raise ConfigError("arguments", f"unknown option {name}; did you mean {close}? "
+                                                       f"(see {self.prog} --help)")
         raise ConfigError("arguments", f"{message} (see {self.prog} --help)")
 
     def print_help(self, file=None):
@@ -82,7 +101,8 @@ def run_parser() -> ArgumentParser:
     add("--model", metavar="NAME", help="the network: cnn (28x28 grey images; default) or cnn_cifar (32x32 colour: cifar10)")
     add("--partition", help=f"{', '.join(PARTITIONS)} (default {d.partition})")
     add("--noniid", type=float, metavar="X", help=f"Fang's degree q, or the Dirichlet alpha (default {d.noniid})")
-    add("--rounds", type=int, metavar="R", help=f"communication rounds (default {d.rounds})")
+    add("--rounds", type=int, metavar="R",
+        help=f"communication rounds (default {d.rounds}: a quick look; the papers' runs name theirs, 300 to 2000)")
     add("--lr", type=float, help=f"w <- w - lr * aggregate; the sign rules move each coordinate by lr (default {d.lr}; use ~3e-3 for them)")
     add("--lr-schedule", dest="lr_schedule", metavar="NAME", help=f"{', '.join(SCHEDULES)} (default constant); parameters as step.KEY ...")
     add("--batch-size", dest="batch_size", type=int, metavar="B", help=f"mini-batch per client and local step (default {d.batch_size})")
@@ -124,23 +144,64 @@ def build_config(argv: list[str], world_size: int, parser: ArgumentParser | None
     """The validated config of a command line: ``--config``, then ``--set``, then the named options.
 
     With ``section``, the named options other than the general ones are that task's settings
-    (``python -m fedring conformal prism --trials 5`` sets ``prism.trials``).
+    (``python -m fedring conformal prism --trials 5`` sets ``prism.trials``). With ``--resume``
+    the settings stored in the ``--out`` file come first: the file alone is enough, and a
+    setting given here must agree with it.
     """
     args = (parser or run_parser()).parse_args(argv)
-    cfg = Config()
-    if args.config:
-        merge(cfg, load_toml(args.config), args.config)
+    layers = [(load_toml(args.config), args.config)] if args.config else []
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError("set", f"expected KEY=VALUE, got {item!r}")
-        merge(cfg, {key.strip(): parse_value(value.strip())}, "--set")
+        layers.append(({key.strip(): parse_value(value.strip())}, "--set"))
     named = {k: v for k, v in vars(args).items() if k not in ("config", "set") and v is not None}
     if section is not None:
-        cfg.task = section
+        layers.append(({"task": section}, "command line"))
         named = {k if k in GENERAL else f"{section}.{k}": v for k, v in named.items()}
-    merge(cfg, named, "command line")
+    layers.append((named, "command line"))
+    cfg = Config()
+    for items, origin in layers:
+        merge(cfg, items, origin)
+    if cfg.resume and not cfg.overwrite and cfg.out is not None and os.path.exists(cfg.out):
+        cfg = resumed_config(cfg.out, layers)
     return validate(cfg, world_size)
+
+
+def resumed_config(path: str, layers: list[tuple[dict, str]]) -> Config:
+    """The settings stored in the results file ``path`` with ``layers`` applied over them; a
+    result-changing setting given that differs from the stored one is an error naming it. The
+    run-control settings are not taken from the file: they are this command's own."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            stored = json.loads(f.attrs["config"])
+    except (OSError, KeyError, ValueError) as e:
+        raise ConfigError("resume", f"{path} is not a readable fedring results file ({type(e).__name__}: {e}); "
+                          "it is left as it is: remove it, or start afresh with --overwrite") from None
+    # the run-control settings (--quiet, --checkpoint-every ...) steer this invocation, not the results
+    cfg = merge(Config(), {k: v for k, v in stored.items() if k != "sections" and k not in RUN_CONTROL}, path)
+    cfg.sections = {name: dict(values) for name, values in stored.get("sections", {}).items()}
+    for items, origin in layers:
+        merge(cfg, items, origin)
+    diff = config_differences(stored, json.loads(cfg.to_json()))
+    if diff:
+        raise ConfigError("resume", f"{path} was written with other settings (file -> given): {'; '.join(diff)}; "
+                                    "leave them out: --resume takes the file's own")
+    cfg.resume, cfg.overwrite = True, False
+    return cfg
+
+
+def resume_line(cfg: Config) -> str:
+    """``resuming FILE from round R of T`` (rank 0, after the job read the checkpoint)."""
+    import h5py
+
+    with h5py.File(cfg.out, "r") as f:
+        root = f["checkpoint"]
+        done = int(root[root.attrs["current"]].attrs["round"])
+    total, unit = TASKS[cfg.task].steps(cfg)
+    return f"fedring: resuming {cfg.out} from {unit.removesuffix('s')} {done} of {total}"
 
 
 def run(argv: list[str], parser: ArgumentParser | None = None, section: str | None = None) -> int:
@@ -159,6 +220,8 @@ def run(argv: list[str], parser: ArgumentParser | None = None, section: str | No
         agree_on_config_error(comm, error)
         if comm.rank == 0 and not cfg.quiet:
             print(TASKS[cfg.task].banner(cfg, comm.size), flush=True)
+            if cfg.resume:
+                print(resume_line(cfg), flush=True)
         return work.run(watchdog)
 
     return watchdog.run(job)

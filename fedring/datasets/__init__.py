@@ -19,10 +19,12 @@ class Dataset:
     """Base of the data sets: images as float32 in [0, 1], shape ``(k, *shape)``; labels int64.
 
     Parameters come from the run: ``data_dir`` (``--data-dir``; each data set has its own
-    default location). ``model`` is the model that fits its images by default.
+    default location). ``model`` is the model that fits its images by default;
+    ``train_samples`` is the size of its training set (a run has at most that many clients).
     """
 
     name = ""
+    train_samples: int | None = None
     shape: tuple[int, int, int] = (1, 28, 28)
     classes = 10
     model = "cnn"

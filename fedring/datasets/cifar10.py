@@ -47,6 +47,7 @@ class CIFAR10(Dataset):
     """
 
     name = "cifar10"
+    train_samples = 50_000
     shape = (3, 32, 32)
     model = "cnn_cifar"
 

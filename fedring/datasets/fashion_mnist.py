@@ -84,6 +84,7 @@ class FashionMNIST(Dataset):
     ``dataset-fashion-mnist`` package). Pixels scaled to [0, 1]."""
 
     name = "fashion-mnist"
+    train_samples = 60_000
 
     def __init__(self, data_dir: str | None = None):
         super().__init__(data_dir)

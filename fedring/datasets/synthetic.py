@@ -23,8 +23,9 @@ class Synthetic(Dataset):
     """
 
     name = "synthetic"
+    train_samples = 4000
 
-    def __init__(self, data_dir: str | None = None, n_train: int = 4000, n_test: int = 1000):
+    def __init__(self, data_dir: str | None = None, n_train: int = train_samples, n_test: int = 1000):
         super().__init__(data_dir)
         rng = generator(2024, Stream.SYNTHETIC)
         patterns = (rng.random((self.classes, *self.shape)) < 0.5).astype(np.float32)

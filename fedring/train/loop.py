@@ -81,7 +81,7 @@ def train(tr: Trainer, watchdog: Watchdog) -> int:
                 }
             results.append_round(metrics, rows, rounds_completed=rnd)
             if evaluated:
-                progress.line(rnd, f"test_acc {scores['test_accuracy']:.4f}  bytes_sent {total_bytes / 1e6:,.1f} MB")
+                progress.line(rnd, f"test_acc {scores['test_accuracy']:.4f}  bytes_sent_total {total_bytes / 1e6:,.1f} MB")
         stopping = watchdog.stop_requested() and rnd < cfg.rounds
         if rank0 and (rnd % cfg.checkpoint_every == 0 or stopping):
             results.write_checkpoint(

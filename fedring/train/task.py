@@ -14,6 +14,8 @@ from fedring.tasks import TASKS, Task
 
 TOPOLOGIES = ("ring", "server")
 PARTITIONS = ("iid", "fang", "dirichlet")
+#: more torch threads per rank than any machine has cores is a typo
+MAX_THREADS = 1024
 
 
 def aggregator_names(topology: str) -> list[str]:
@@ -88,7 +90,11 @@ class TrainTask(Task):
         if cfg.clients is None:
             cfg.clients = world_size
         check.integer("clients", cfg.clients, lo=1)
-        check.integer("threads", cfg.threads, lo=1)
+        samples = DATASETS[cfg.dataset].train_samples
+        if samples is not None and cfg.clients > samples:
+            raise ConfigError("clients", f"{cfg.clients} clients but {cfg.dataset} has {samples:,} training samples: "
+                                         "every client needs at least one")
+        check.integer("threads", cfg.threads, lo=1, hi=MAX_THREADS)
         if cfg.model == "cnn":  # the default model: the one that fits the data set's images
             cfg.model = DATASETS[cfg.dataset].model
         if cfg.clients < world_size:
