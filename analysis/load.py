@@ -112,14 +112,24 @@ def load_runs(paths: list[str | Path], include_incomplete: bool = False) -> tupl
     return df, skipped
 
 
-def round_rows(path: str | Path, group: str) -> pd.DataFrame:
-    """The 1-D per-round datasets of ``/<group>`` of one run (``/brace/plus_fraction`` ...), with
-    ``round`` = 1, 2, ...; empty when the file has no such group (or cannot be read)."""
+#: where the ring rules' per-round figures are: ``/ring`` from 0.3.0 on, ``/brace`` in files of 0.2.0
+RING_GROUPS = ("ring", "brace")
+
+
+def ring_rows(path: str | Path) -> pd.DataFrame:
+    """:func:`round_rows` of the ring rule's figures (``/ring/plus_fraction`` ...), also from a 0.2.0 file."""
+    return round_rows(path, *RING_GROUPS)
+
+
+def round_rows(path: str | Path, group: str, *older: str) -> pd.DataFrame:
+    """The 1-D per-round datasets of ``/<group>`` of one run (``/ring/plus_fraction`` ...), with
+    ``round`` = 1, 2, ...; the first of the ``older`` names the file has stands in for a missing
+    ``group``; empty when the file has none of them (or cannot be read)."""
     f, _ = open_results(Path(path))
     if f is None:
         return pd.DataFrame()
     with f:
-        g = f.get(group)
+        g = next((f[name] for name in (group, *older) if name in f), None)
         if not isinstance(g, h5py.Group):
             return pd.DataFrame()
         cols = {name: ds[:] for name, ds in g.items() if isinstance(ds, h5py.Dataset) and ds.ndim == 1}

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from mpi4py import MPI
 
 from .errors import ConfigError, ResultsError
+from .results import FileStatus
 
 EXIT_CONFIG = 2
 #: exit code of a job stopped by a signal after checkpointing (EX_TEMPFAIL): requeue it
@@ -97,7 +98,7 @@ class Watchdog:
         self.comm = world.Dup()  # failure reports, polled by rank 0's thread
         self._stop_comm = world.Dup()  # the per-round stop agreement, on the main thread
         self.grace, self.fail_grace = grace, fail_grace
-        self.on_abort: list[Callable[[str], None]] = []
+        self.on_abort: list[Callable[[FileStatus], None]] = []
         self.signal: int | None = None
         self._deadline: float | None = None
         self._running = False
@@ -144,14 +145,14 @@ class Watchdog:
                         self._signalled(signum)
             if polls_errors and self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=_ERROR_TAG, status=status):
                 self.comm.recv(source=status.Get_source(), tag=_ERROR_TAG)
-                self._abort("failed", 1)
+                self._abort(FileStatus.FAILED, 1)
             if self._running and self._deadline is not None and time.monotonic() >= self._deadline:
                 sys.stderr.write(f"fedring: rank {self.comm.rank}: the job did not stop cleanly after "
                                  f"{signal.Signals(self.signal).name}; aborting it (results file: preempted, "
                                  "resume from its last checkpoint)\n")
-                self._abort("preempted", EXIT_PREEMPTED)
+                self._abort(FileStatus.PREEMPTED, EXIT_PREEMPTED)
 
-    def _abort(self, status: str, code: int) -> None:
+    def _abort(self, status: FileStatus, code: int) -> None:
         """Mark the file (rank 0; given up on after a while) and end the whole job."""
         if self.comm.rank == 0 and self.on_abort:
 
@@ -185,7 +186,7 @@ class Watchdog:
             code = 1
         sys.stderr.flush()
         if rank == 0 or self.comm.size == 1:
-            self._abort("failed", code)
+            self._abort(FileStatus.FAILED, code)
         # Tell rank 0 so it marks the results file; abort ourselves if it does not act.
         self.comm.isend(rank, dest=0, tag=_ERROR_TAG)
         time.sleep(self.fail_grace)

@@ -38,7 +38,7 @@ def prepare(argv):
 
     parser = section_parser("labelshift", LabelShiftSettings, "")
     cfg = build_config(list(map(str, argv)), 1, parser, section="labelshift")
-    return TASKS["labelshift"].prepare(cfg, MPI.COMM_WORLD)
+    return TASKS["labelshift"].prepare(cfg, MPI.COMM_WORLD).job
 
 
 def read(path):

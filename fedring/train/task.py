@@ -132,6 +132,9 @@ class TrainTask(Task):
 
     @staticmethod
     def prepare(cfg: Config, comm):
-        from .trainer import Trainer  # torch is imported only now
+        from fedring.job import Driver
 
-        return Trainer(cfg, comm)
+        from .loop import TrainJob  # torch is imported only now
+        from .trainer import Trainer
+
+        return Driver(TrainJob(Trainer(cfg, comm)), cfg, comm)

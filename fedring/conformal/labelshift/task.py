@@ -40,6 +40,7 @@ from fedring.comm import Layout, Network
 from fedring.config import Config, section_settings
 from fedring.conformal.trials import TrialJob
 from fedring.errors import ConfigError
+from fedring.job import Driver
 from fedring.runtime import on_rank0
 from fedring.tasks import TASKS, Task
 from fedring.validate import choice, integer, real
@@ -354,12 +355,12 @@ class LabelShiftTask(Task):
                 f"-> {cfg.out}")
 
     @staticmethod
-    def prepare(cfg: Config, comm: MPI.Comm) -> LabelShiftJob:
+    def prepare(cfg: Config, comm: MPI.Comm) -> Driver:
         settings = settings_of(cfg)
         exp = build_experiment(settings, cfg.seed, comm)
         targets = check_agents(settings, exp.name, exp.n_agents, comm.size)
         settings.targets = [t + 1 for t in targets]  # stored resolved with the results
-        return LabelShiftJob(cfg, comm, Network(Layout(exp.n_agents, comm)), settings, exp, targets)
+        return Driver(LabelShiftJob(cfg, comm, Network(Layout(exp.n_agents, comm)), settings, exp, targets), cfg, comm)
 
 
 def main(argv: list[str]) -> int:

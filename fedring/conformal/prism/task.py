@@ -242,9 +242,11 @@ class PrismTask(Task):
 
     @staticmethod
     def prepare(cfg: Config, comm):
+        from fedring.job import Driver
+
         from .experiment import PrismJob
 
-        return PrismJob(cfg, comm)
+        return Driver(PrismJob(cfg, comm), cfg, comm)
 
 
 def main(argv: list[str]) -> int:
