@@ -19,6 +19,8 @@ import h5py
 import numpy as np
 import pandas as pd
 
+from fedring.results import FileStatus
+
 RUN_COLUMNS = ["file", "run", "status", "rounds_completed", "world_size", "n_clients", "n_parameters"]
 
 
@@ -63,9 +65,9 @@ def read_run(path: Path, include_incomplete: bool = False) -> tuple[pd.DataFrame
         return None, why
     with f:
         status = str(f.attrs.get("status", "unknown"))
-        if status == "running":
+        if status == FileStatus.RUNNING:
             return None, "still running (status = running)"
-        if status != "complete" and not include_incomplete:
+        if status != FileStatus.COMPLETE and not include_incomplete:
             return None, f"not complete (status = {status}, {int(f.attrs.get('rounds_completed', 0))} rounds)"
         if "metrics" not in f or "round" not in f["metrics"]:
             return None, "no /metrics (not a training run)"
@@ -112,7 +114,7 @@ def load_runs(paths: list[str | Path], include_incomplete: bool = False) -> tupl
     return df, skipped
 
 
-#: where the ring rules' per-round figures are: ``/ring`` from 0.3.0 on, ``/brace`` in files of 0.2.0
+#: where the ring rules' per-round figures are: ``/ring`` in files written after 0.2.0, ``/brace`` in files of 0.2.0
 RING_GROUPS = ("ring", "brace")
 
 

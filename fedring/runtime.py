@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from mpi4py import MPI
 
+from .comm.network import first_problem
 from .errors import ConfigError, ResultsError
 from .results import FileStatus
 
@@ -51,12 +52,11 @@ def agree_on_config_error(comm: MPI.Comm, error: ConfigError | None) -> None:
 
     Rank 0 prints the error of the lowest failing rank, once.
     """
-    errors = comm.allgather(None if error is None else str(error))
-    failed = [(rank, text) for rank, text in enumerate(errors) if text is not None]
-    if not failed:
+    failed, _ = first_problem(comm, None if error is None else str(error))
+    if failed is None:
         return
     if comm.rank == 0:
-        rank, text = failed[0]
+        rank, text = failed
         where = "" if rank == 0 else f" (on rank {rank})"
         print(f"fedring: error{where}: {text}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_CONFIG)

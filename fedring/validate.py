@@ -113,3 +113,10 @@ def known_keys(prefix: str, what: str, params: dict, allowed: Iterable[str]) -> 
         if key not in allowed:
             raise ConfigError(f"{prefix}.{key}", f"unknown parameter of {what}; {suggestion(key, allowed)}"
                                                  f"allowed: {', '.join(allowed) or '(none)'}")
+
+
+def fills_ranks(key: str, clients: int, ranks: int) -> None:
+    """Every MPI rank hosts a block of at least one client: ``clients >= ranks`` (K >= N)."""
+    if clients < ranks:
+        raise ConfigError(key, f"{clients} clients cannot fill {ranks} MPI ranks: use at least as many clients as ranks "
+                               "(each rank hosts a block of >= 1 client)")

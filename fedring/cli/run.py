@@ -13,10 +13,12 @@ import os
 
 from mpi4py import MPI
 
-from fedring.config import GENERAL, Config, load_toml, merge, parse_value, validate
+from fedring.config import GENERAL, Config, load_toml, merge, parse_value
 from fedring.errors import ConfigError
 from fedring.runtime import Watchdog, agree_on_config_error
-from fedring.tasks import TASKS
+from fedring.tasks import Task, validate
+
+from .launcher import launched_ranks
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -30,9 +32,7 @@ class ArgumentParser(argparse.ArgumentParser):
         raise ConfigError("arguments", f"{message} (see {self.prog} --help)")
 
     def print_help(self, file=None):
-        from . import _launched_ranks
-
-        if _launched_ranks()[0] == 0:
+        if launched_ranks()[0] == 0:
             super().print_help(file)
 
 
@@ -120,7 +120,13 @@ def section_parser(task: str, schema: type, description: str) -> ArgumentParser:
 
 def build_config(argv: list[str], world_size: int, parser: ArgumentParser | None = None,
                  section: str | None = None) -> Config:
-    """The validated config of a command line: ``--config``, then ``--set``, then the named options.
+    """The validated config of a command line (:func:`build_task`'s)."""
+    return build_task(argv, world_size, parser, section).cfg
+
+
+def build_task(argv: list[str], world_size: int, parser: ArgumentParser | None = None,
+               section: str | None = None) -> Task:
+    """The task of a command line, its config validated: ``--config``, then ``--set``, then the named options.
 
     With ``section``, the named options other than the general ones are that task's settings
     (``python -m fedring conformal prism --trials 5`` sets ``prism.trials``).
@@ -148,16 +154,16 @@ def run(argv: list[str], parser: ArgumentParser | None = None, section: str | No
     comm = MPI.COMM_WORLD
 
     def job() -> int:
-        error = cfg = work = None
+        error = task = work = None
         try:
-            cfg = build_config(argv, comm.size, parser, section)
-            watchdog.grace = cfg.stop_grace
-            work = TASKS[cfg.task].prepare(cfg, comm)
+            task = build_task(argv, comm.size, parser, section)
+            watchdog.grace = task.cfg.stop_grace
+            work = task.prepare(comm)
         except ConfigError as e:
             error = e
         agree_on_config_error(comm, error)
-        if comm.rank == 0 and not cfg.quiet:
-            print(TASKS[cfg.task].banner(cfg, comm.size), flush=True)
+        if comm.rank == 0 and not task.cfg.quiet:
+            print(task.banner(comm.size), flush=True)
         return work.run(watchdog)
 
     return watchdog.run(job)

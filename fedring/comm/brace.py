@@ -577,6 +577,10 @@ class RLR(SignRule):
         return (S > 0) == agree, S != 0
 
 
+#: each sign rule's own keys (its section also takes :data:`COMMON_KEYS`)
+RULE_KEYS = {rule.name: rule.own_keys for rule in (Brace, SignSGD, RLR)}
+
+
 def SignVote(rule: str, n_clients: int, params: dict | None = None, *, seed: int = 0) -> SignRule:
     """The sign rule ``rule`` ("brace", "signsgd" or "rlr") with the settings ``params``.
 
