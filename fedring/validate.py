@@ -116,7 +116,12 @@ def known_keys(prefix: str, what: str, params: dict, allowed: Iterable[str]) -> 
 
 
 def fills_ranks(key: str, clients: int, ranks: int) -> None:
-    """Every MPI rank hosts a block of at least one client: ``clients >= ranks`` (K >= N)."""
+    """Every MPI rank hosts a block of at least one client: ``clients >= ranks`` (K >= N).
+
+    >>> fills_ranks("clients", 2, 4)
+    Traceback (most recent call last):
+    fedring.errors.ConfigError: clients: 2 clients on 4 MPI ranks: need clients >= ranks (K >= N), each rank hosts a block of at least one client
+    """
     if clients < ranks:
-        raise ConfigError(key, f"{clients} clients cannot fill {ranks} MPI ranks: use at least as many clients as ranks "
-                               "(each rank hosts a block of >= 1 client)")
+        raise ConfigError(key, f"{clients} clients on {ranks} MPI ranks: need clients >= ranks (K >= N), each rank "
+                               "hosts a block of at least one client")
