@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fedring.results import FileStatus
+
 from .load import h5_files, open_results, report_skipped
 from .tables import apply_where, text, write_outputs
 
@@ -38,12 +40,14 @@ def read_conformal(path: Path) -> tuple[list[dict] | None, str | None]:
         return None, why
     with f:
         status = str(f.attrs.get("status", "unknown"))
-        if status != "complete":
+        if status != FileStatus.COMPLETE:
             return None, f"not complete (status = {status})"
         if "calibration" not in f:
             return None, "no /calibration (not a conformal run)"
         seed = json.loads(f.attrs.get("config", "{}")).get("seed")
-    from fedring.conformal.trials import read_calibration  # imports mpi4py: only when needed
+    from fedring.conformal.trials import (
+        read_calibration,  # imports mpi4py: only when needed
+    )
 
     try:
         attrs, data = read_calibration(path)

@@ -19,6 +19,8 @@ import h5py
 import numpy as np
 import pandas as pd
 
+from fedring.results import FileStatus
+
 RUN_COLUMNS = ["file", "run", "status", "rounds_completed", "world_size", "n_clients", "n_parameters"]
 
 
@@ -63,9 +65,9 @@ def read_run(path: Path, include_incomplete: bool = False) -> tuple[pd.DataFrame
         return None, why
     with f:
         status = str(f.attrs.get("status", "unknown"))
-        if status == "running":
+        if status == FileStatus.RUNNING:
             return None, "still running (status = running)"
-        if status != "complete" and not include_incomplete:
+        if status != FileStatus.COMPLETE and not include_incomplete:
             return None, f"not complete (status = {status}, {int(f.attrs.get('rounds_completed', 0))} rounds)"
         if "metrics" not in f or "round" not in f["metrics"]:
             return None, "no /metrics (not a training run)"
@@ -112,14 +114,24 @@ def load_runs(paths: list[str | Path], include_incomplete: bool = False) -> tupl
     return df, skipped
 
 
-def round_rows(path: str | Path, group: str) -> pd.DataFrame:
-    """The 1-D per-round datasets of ``/<group>`` of one run (``/brace/plus_fraction`` ...), with
-    ``round`` = 1, 2, ...; empty when the file has no such group (or cannot be read)."""
+#: where the ring rules' per-round figures are: ``/ring`` in files written after 0.2.0, ``/brace`` in files of 0.2.0
+RING_GROUPS = ("ring", "brace")
+
+
+def ring_rows(path: str | Path) -> pd.DataFrame:
+    """:func:`round_rows` of the ring rule's figures (``/ring/plus_fraction`` ...), also from a 0.2.0 file."""
+    return round_rows(path, *RING_GROUPS)
+
+
+def round_rows(path: str | Path, group: str, *older: str) -> pd.DataFrame:
+    """The 1-D per-round datasets of ``/<group>`` of one run (``/ring/plus_fraction`` ...), with
+    ``round`` = 1, 2, ...; the first of the ``older`` names the file has stands in for a missing
+    ``group``; empty when the file has none of them (or cannot be read)."""
     f, _ = open_results(Path(path))
     if f is None:
         return pd.DataFrame()
     with f:
-        g = f.get(group)
+        g = next((f[name] for name in (group, *older) if name in f), None)
         if not isinstance(g, h5py.Group):
             return pd.DataFrame()
         cols = {name: ds[:] for name, ds in g.items() if isinstance(ds, h5py.Dataset) and ds.ndim == 1}

@@ -9,7 +9,7 @@
 - ``plot-drift``: the sign rules' drift diagnostics, a line per run (labelled by method, and
   lr schedule when the runs differ in it): ``/metrics/weight_mean_change`` (mean of w_t - w_0)
   at each evaluation, and the +/-/0 consensus fractions of every round
-  (``/brace/plus_fraction``, ``minus_fraction``, ``zero_fraction``; moving average of
+  (``/ring/plus_fraction``, ``minus_fraction``, ``zero_fraction``; moving average of
   ``--smooth`` rounds) for the runs that have them.
 - ``plot-conformal``: coverage (with the 1 - alpha target) and size (interval width or set
   size) per case of the conformal runs (:mod:`analysis.conformal`).
@@ -32,7 +32,7 @@ import pandas as pd
 
 from . import ATTACK_LABELS, METHOD_ORDER
 from .conformal import case_columns, conformal_cases, size_label
-from .load import load_runs, report_skipped, round_rows
+from .load import load_runs, report_skipped, ring_rows
 from .tables import (
     METHOD_KEYS,
     ONE_PER_TABLE,
@@ -184,7 +184,7 @@ def plot_drift(df: pd.DataFrame, out: str, smooth: int = 0) -> dict[str, str]:
         part = df[df["run"] == r["run"]].sort_values("round")
         if "weight_mean_change" in part and part["weight_mean_change"].notna().any():
             a.plot(part["round"], part["weight_mean_change"], color=color, label=label, marker="." if len(part) < 30 else None)
-        rows = round_rows(r["file"], "brace")
+        rows = ring_rows(r["file"])
         if not set(FRACTIONS) & set(rows.columns):
             continue
         with_fractions += 1
@@ -200,7 +200,7 @@ def plot_drift(df: pd.DataFrame, out: str, smooth: int = 0) -> dict[str, str]:
     b.set_xlabel("round")
     b.set_ylim(-0.02, 1.02)
     if not with_fractions:
-        b.text(0.5, 0.5, "no /brace/*_fraction in these runs\n(only the sign rules record them)",
+        b.text(0.5, 0.5, "no /ring/*_fraction in these runs\n(only the sign rules record them)",
                ha="center", va="center", transform=b.transAxes)
     for ax in (a, b):
         ax.grid(alpha=0.3)

@@ -77,7 +77,7 @@ def summary(path: str) -> dict:
     with h5py.File(path, "r") as f:
         m = {k: f["metrics"][k][...] for k in f["metrics"]}
         sent = f["comm/bytes_sent"][...]
-        detections = int(f["brace/detections"][...].sum()) if "brace/detections" in f else None
+        detections = int(f["ring/detections"][...].sum()) if "ring/detections" in f else None
     out = {
         "rounds": int(m["round"][-1]),
         "final_error": 1 - float(m["test_accuracy"][-1]),

@@ -7,7 +7,9 @@
 topologies, the ring sign rules, stateful server rules, a data attack, an omniscient attack,
 local steps and resume). ``compare`` checks that every dataset and root attribute of each OLD
 file exists in the NEW file with identical bytes; datasets and attributes added by NEW, and
-the ``config`` and ``fedring_version`` attributes, are ignored. Exit code 1 on any difference.
+the ``config`` and ``fedring_version`` attributes, are ignored. An OLD file's ``/brace/X`` (as
+0.2.0 wrote the ring rules' figures) is compared with the NEW file's ``/ring/X``. Exit code 1
+on any difference.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def differences(old: Path, new: Path) -> list[str]:
         def visit(name, obj):
             if not isinstance(obj, h5py.Dataset) or name.startswith("checkpoint"):
                 return
+            if name.startswith("brace/") and name not in b:  # 0.2.0 wrote the ring rules' figures under /brace
+                name = "ring/" + name[len("brace/"):]
             if name not in b:
                 out.append(f"{name}: missing")
             elif name == "metrics/wall_seconds":

@@ -268,13 +268,13 @@ def _dataclass_rows(schema, extra=lambda f: "") -> list[list[str]]:
 
 
 def t_prism() -> str:
-    from fedring.conformal.prism.task import PrismSettings
+    from fedring.conformal.prism.settings import PrismSettings
 
     return table(["`[prism]` key", "option", "type", "default", "meaning"], _dataclass_rows(PrismSettings))
 
 
 def t_prism_profiles() -> str:
-    from fedring.conformal.prism.task import DATASET_DEFAULTS, PROFILES
+    from fedring.conformal.prism.settings import DATASET_DEFAULTS, PROFILES
 
     rows = [[f"`{name}`", code(p["step"]), code(p["byz_persist"]), code(p["local_updates"]),
              ", ".join(f"`{a}.{k}` = {code(v).strip('`')}" for a, kv in p["calib_attacks"].items() for k, v in kv.items())]
@@ -287,7 +287,7 @@ def t_prism_profiles() -> str:
 
 def t_calib_attacks() -> str:
     from fedring.conformal.prism.attacks import CALIB_ATTACKS
-    from fedring.conformal.prism.task import PROFILES
+    from fedring.conformal.prism.settings import PROFILES
 
     rows = []
     for name, cls in CALIB_ATTACKS.items():

@@ -15,7 +15,6 @@ import dataclasses
 import json
 import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from . import validate as check
@@ -162,30 +161,6 @@ def section_settings(schema: type, name: str, values: dict[str, Any]):
     return settings
 
 
-def validate(cfg: Config, world_size: int) -> Config:
-    """Check every setting for ``world_size`` ranks; fills derived defaults (``clients``, ``out``)."""
-    from .tasks import TASKS
-
-    task = TASKS.get(cfg.task, "task")
-    check.integer("seed", cfg.seed, lo=0)
-    check.real("stop_grace", cfg.stop_grace, lo=0, lo_open=True)
-    if cfg.task != "train":
-        for key in FIELDS:
-            if key not in GENERAL and getattr(cfg, key) != getattr(DEFAULTS, key):
-                raise ConfigError(key, f"a training setting: task {cfg.task} takes its settings in the section "
-                                       f"[{cfg.task}] (python -m fedring conformal {cfg.task} --help lists them)")
-    task.validate(cfg, world_size)
-    if cfg.out is None:
-        cfg.out = task.default_out(cfg)
-    if cfg.resume and cfg.overwrite:
-        raise ConfigError("resume", "--resume continues the file that --overwrite would replace: give one of them")
-    if cfg.resume and not Path(cfg.out).exists():
-        raise ConfigError("resume", f"nothing to resume: {cfg.out} does not exist")
-    if Path(cfg.out).exists() and not (cfg.overwrite or cfg.resume):
-        raise ConfigError("out", f"{cfg.out} exists; pass --overwrite to replace it, --resume to continue it, or choose another --out")
-    return cfg
-
-
 def byzantine_count(cfg: Config) -> int:
     """Actual number of Byzantine clients: a fraction of ``clients`` (rounded) or a count."""
     return int(round(cfg.byzantine * cfg.clients)) if cfg.byzantine < 1 else int(cfg.byzantine)
@@ -196,18 +171,24 @@ def defence_f(cfg: Config) -> int:
     return byzantine_count(cfg) if cfg.declared_f is None else cfg.declared_f
 
 
-def config_differences(stored: dict, current: dict) -> list[str]:
-    """``key: stored -> current`` for every result-changing setting that differs.
-
-    A key missing on one side counts as its default (files written before a setting
-    existed stay valid), and an empty section is no section.
-    """
+def canonical(settings: Config | dict) -> dict[str, Any]:
+    """The one canonical form of a config (a :class:`Config`, or its stored JSON as a dict): the
+    result-changing settings that differ from the defaults, in fedring's order, then the
+    non-empty sections, sorted. A key missing counts as its default, so a file written before
+    a setting existed stays valid. The sweep hashes it; ``--resume`` compares it."""
+    values = dataclasses.asdict(settings) if isinstance(settings, Config) else settings
     defaults = dataclasses.asdict(DEFAULTS)
-    out = []
-    for key in sorted((set(stored) | set(current)) - set(RUN_CONTROL)):
-        a, b = stored.get(key, defaults.get(key)), current.get(key, defaults.get(key))
-        if key == "sections":
-            a, b = ({k: v for k, v in (x or {}).items() if v} for x in (a, b))
-        if a != b:
-            out.append(f"{key}: {a!r} -> {b!r}")
+    out = {key: value for key, value in values.items()
+           if key not in RUN_CONTROL and key != "sections" and value != defaults.get(key)}
+    sections = {name: table for name, table in sorted((values.get("sections") or {}).items()) if table}
+    if sections:
+        out["sections"] = sections
     return out
+
+
+def config_differences(stored: dict, current: dict) -> list[str]:
+    """``key: stored -> current`` for every setting in which the :func:`canonical` forms differ."""
+    a, b = canonical(stored), canonical(current)
+    defaults = {**dataclasses.asdict(DEFAULTS), "sections": {}}
+    return [f"{key}: {a.get(key, defaults.get(key))!r} -> {b.get(key, defaults.get(key))!r}"
+            for key in sorted(set(a) | set(b)) if a.get(key, defaults.get(key)) != b.get(key, defaults.get(key))]

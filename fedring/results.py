@@ -2,8 +2,8 @@
 
 Layout::
 
-    /                       attrs: config (JSON), fedring_version, status (running | complete |
-                                   failed), rounds_completed, world_size, n_clients, n_parameters
+    /                       attrs: config (JSON), fedring_version, status (a :class:`FileStatus`:
+                                   running | complete | preempted | failed), rounds_completed, world_size, n_clients, n_parameters
     /metrics/<name>         1-D, one entry per evaluated round (round, test_accuracy, ...)
     /comm/bytes_sent        (rounds, clients) protocol bytes each client sent in each round
     /comm/server_bytes_sent (rounds,) bytes the server sent (server topology)
@@ -28,6 +28,7 @@ open without ``h5clear``.
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
 import resource
@@ -38,6 +39,16 @@ import numpy as np
 
 from . import __version__
 from .errors import ConfigError, ResultsError
+
+
+class FileStatus(enum.StrEnum):
+    """The ``status`` attribute of a results file (the strings files of 0.2.0 hold)."""
+
+    RUNNING = "running"  # being written, or its writer died
+    COMPLETE = "complete"
+    PREEMPTED = "preempted"  # stopped by a signal; --resume continues it
+    FAILED = "failed"
+
 
 #: free space kept in the file system beyond each write, for the final status
 RESERVE = 1 << 20
@@ -67,7 +78,7 @@ def resume_point(cfg) -> tuple[dict[str, np.ndarray], dict]:
             diff = config_differences(json.loads(f.attrs["config"]), json.loads(cfg.to_json()))
             if diff:
                 raise ConfigError("resume", f"{cfg.out} was written with other settings: {'; '.join(diff)}")
-            if f.attrs["status"] == "complete":
+            if f.attrs["status"] == FileStatus.COMPLETE:
                 raise ConfigError("resume", f"{cfg.out} is already complete: nothing to resume")
             found = read_checkpoint(f)
     except ConfigError:
@@ -106,7 +117,7 @@ class ResultsFile:
         if "model/final" in self.h5:
             del self.h5["model/final"]
         self.h5.attrs["rounds_completed"] = rounds_completed
-        self.h5.attrs["status"] = "running"
+        self.h5.attrs["status"] = FileStatus.RUNNING.value
         self.h5.flush()
         return self
 
@@ -123,7 +134,7 @@ class ResultsFile:
         part = self.path.with_name(self.path.name + ".part")
         with h5py.File(part, "w") as f:
             f.attrs["fedring_version"] = __version__
-            f.attrs["status"] = "running"
+            f.attrs["status"] = FileStatus.RUNNING.value
             f.attrs["rounds_completed"] = 0
             for key, value in attrs.items():
                 f.attrs[key] = value
@@ -212,10 +223,17 @@ class ResultsFile:
             self.h5.create_dataset(name, data=data)
             self.h5.flush()
 
-    def close(self, status: str | None = None) -> None:
+    def set_attrs(self, group: str, values: dict) -> None:
+        with self._writing(sum(len(str(v)) for v in values.values())):
+            g = self.h5.require_group(group)
+            for key, value in values.items():
+                g.attrs[key] = value
+            self.h5.flush()
+
+    def close(self, status: FileStatus | None = None) -> None:
         """Set ``status`` and close; a file whose write failed is left as of its last flush."""
         if self.broken or not self.h5.id.valid:
             return
         if status is not None:
-            self.h5.attrs["status"] = status
+            self.h5.attrs["status"] = FileStatus(status).value
         self.h5.close()

@@ -6,7 +6,9 @@ the data split), at a step (a training round, a conformal trial) and for a purpo
 
 * a client's draws: ``key = [seed, client, step, stream, *extra]``;
 * the run's draws: ``key = [seed, stream, step, *extra]`` (``step`` left out for draws made
-  once per run).
+  once per run);
+* a fixed stream's draws, the same in every run (:func:`fixed_generator`; one such stream,
+  ``WHAT_IF``): ``key = [stream]``.
 
 So a draw depends on the run's seed and on who draws what when, never on which rank hosts the
 client or how many ranks there are: the same seed gives bit-identical results on any number of
@@ -42,6 +44,8 @@ class Stream(IntEnum):
     SYNTHETIC = 0x5E7  # the synthetic image set (seeded by its own constant, not the run's seed)
     PARTITION = 0x9A27  # the non-IID split of the training set
     RELAY_FLIP = 0xF11B  # a Byzantine relay's sign flips in BRACE's Share-Only (per client and round)
+    # training, the same in every run and round (fixed_generator): kept from 0.2.0, whose results it fixes
+    WHAT_IF = 0  # a server rule applied to what-if rows (an aggregator-aware attack's view of the server)
     # PRISM-FCP (fedring.conformal.prism): step = trial
     PRISM_ENVIRONMENT = 0x9F01  # w*, the Byzantine set (run-wide)
     PRISM_DATA = 0x9F02  # a client's data stream, calibration and test samples
@@ -71,3 +75,15 @@ def generator(seed: int, stream: Stream, *, client: int | None = None, step: int
             raise ValueError("a client's draws are keyed by a step (round or trial)")
         key = [seed, client, step, int(stream), *extra]
     return np.random.default_rng(key)
+
+
+def fixed_generator(stream: Stream) -> np.random.Generator:
+    """The generator of a fixed stream, the same in every run and round: ``default_rng([stream])``.
+
+    ``WHAT_IF`` (0) gives ``default_rng([0])``, the generator 0.2.0 drew from as
+    ``default_rng(0)`` (the same state), so results stay bit-identical.
+
+    >>> fixed_generator(Stream.WHAT_IF).bit_generator.state == np.random.default_rng(0).bit_generator.state
+    True
+    """
+    return np.random.default_rng([int(stream)])

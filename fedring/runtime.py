@@ -33,7 +33,9 @@ from collections.abc import Callable
 
 from mpi4py import MPI
 
+from .comm.network import first_problem
 from .errors import ConfigError, ResultsError
+from .results import FileStatus
 
 EXIT_CONFIG = 2
 #: exit code of a job stopped by a signal after checkpointing (EX_TEMPFAIL): requeue it
@@ -51,12 +53,11 @@ def agree_on_config_error(comm: MPI.Comm, error: ConfigError | None) -> None:
 
     Rank 0 prints the error of the lowest failing rank, once.
     """
-    errors = comm.allgather(None if error is None else str(error))
-    failed = [(rank, text) for rank, text in enumerate(errors) if text is not None]
-    if not failed:
+    failed, _ = first_problem(comm, None if error is None else str(error))
+    if failed is None:
         return
     if comm.rank == 0:
-        rank, text = failed[0]
+        rank, text = failed
         where = "" if rank == 0 else f" (on rank {rank})"
         print(f"fedring: error{where}: {text}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_CONFIG)
@@ -98,7 +99,7 @@ class Watchdog:
         self.comm = world.Dup()  # failure reports, polled by rank 0's thread
         self._stop_comm = world.Dup()  # the per-round stop agreement, on the main thread
         self.grace, self.fail_grace = grace, fail_grace
-        self.on_abort: list[Callable[[str], None]] = []
+        self.on_abort: list[Callable[[FileStatus], None]] = []
         self.signal: int | None = None
         self._deadline: float | None = None
         self._running = False
@@ -145,14 +146,14 @@ class Watchdog:
                         self._signalled(signum)
             if polls_errors and self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=_ERROR_TAG, status=status):
                 self.comm.recv(source=status.Get_source(), tag=_ERROR_TAG)
-                self._abort("failed", 1)
+                self._abort(FileStatus.FAILED, 1)
             if self._running and self._deadline is not None and time.monotonic() >= self._deadline:
                 sys.stderr.write(f"fedring: rank {self.comm.rank}: the job did not stop cleanly after "
                                  f"{signal.Signals(self.signal).name}; aborting it (results file: preempted, "
                                  "resume from its last checkpoint)\n")
-                self._abort("preempted", EXIT_PREEMPTED)
+                self._abort(FileStatus.PREEMPTED, EXIT_PREEMPTED)
 
-    def _abort(self, status: str, code: int) -> None:
+    def _abort(self, status: FileStatus, code: int) -> None:
         """Mark the file (rank 0; given up on after a while) and end the whole job."""
         if self.comm.rank == 0 and self.on_abort:
 
@@ -186,7 +187,7 @@ class Watchdog:
             code = 1
         sys.stderr.flush()
         if rank == 0 or self.comm.size == 1:
-            self._abort("failed", code)
+            self._abort(FileStatus.FAILED, code)
         # Tell rank 0 so it marks the results file; abort ourselves if it does not act.
         self.comm.isend(rank, dest=0, tag=_ERROR_TAG)
         time.sleep(self.fail_grace)

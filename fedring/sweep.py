@@ -79,19 +79,17 @@ from pathlib import Path
 from typing import Any
 
 from .config import (
-    DEFAULTS,
     FIELDS,
-    RUN_CONTROL,
     Config,
+    canonical,
     config_differences,
     load_toml,
     merge,
     parse_value,
-    validate,
 )
 from .errors import ConfigError
-from .results import read_checkpoint
-from .tasks import TASKS
+from .results import FileStatus, read_checkpoint
+from .tasks import Task, validate
 
 #: the job scripts and the grids shipped with fedring (the repository's jobs/, installed as package data)
 JOBS_DIR = Path(__file__).parent / "jobs"
@@ -188,24 +186,15 @@ def resolve(settings: dict[str, Any], ranks: int, origin: str) -> Config:
         if key not in top:
             section, name = key.split(".", 1)
             cfg.sections.setdefault(section, {})[name] = value
-    check = copy.deepcopy(cfg)
-    check.out, check.overwrite, check.resume = os.devnull, True, False  # validate settings, not files
-    validate(check, ranks)
-    cfg.clients = check.clients
+    cfg.clients = task_of(cfg, ranks).cfg.clients
     return cfg
 
 
-def canonical(cfg: Config) -> dict[str, Any]:
-    """The result-changing settings of ``cfg`` that differ from fedring's defaults (hashed, written)."""
-    out = {}
-    for name in FIELDS:
-        value = getattr(cfg, name)
-        if name not in RUN_CONTROL and value != getattr(DEFAULTS, name):
-            out[name] = value
-    sections = {k: v for k, v in sorted(cfg.sections.items()) if v}
-    if sections:
-        out["sections"] = sections
-    return out
+def task_of(cfg: Config, ranks: int) -> Task:
+    """The task of ``cfg`` on ``ranks`` ranks, its settings checked on a copy (files are not checked)."""
+    check = copy.deepcopy(cfg)
+    check.out, check.overwrite, check.resume = os.devnull, True, False
+    return validate(check, ranks)
 
 
 def config_hash(cfg: Config) -> str:
@@ -377,8 +366,8 @@ def states(sweep: Sweep) -> list[tuple[str, str]]:
         diff = differences(st.config, cfg) if st.config is not None else []
         if diff:
             out.append(("conflict", "; ".join(diff)))
-        elif st.kind in ("preempted", "failed", "running"):
-            total, unit = TASKS[cfg.task].steps(cfg)
+        elif st.kind in (FileStatus.PREEMPTED, FileStatus.FAILED, FileStatus.RUNNING):
+            total, unit = task_of(cfg, sweep.settings.ranks).steps()
             out.append((st.kind, f"{st.rounds_completed}/{total} {unit}" + (", checkpoint" if st.checkpoint else "")))
         else:
             out.append((st.kind, st.detail))

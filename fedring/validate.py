@@ -130,3 +130,15 @@ def known_keys(prefix: str, what: str, params: dict, allowed: Iterable[str]) -> 
                     f"every key after [{prefix}] into that section); ") if key in FIELDS else ""
             raise ConfigError(f"{prefix}.{key}", f"unknown parameter of {what}; {toml}{suggestion(key, allowed)}"
                                                  f"allowed: {', '.join(allowed) or '(none)'}")
+
+
+def fills_ranks(key: str, clients: int, ranks: int) -> None:
+    """Every MPI rank hosts a block of at least one client: ``clients >= ranks`` (K >= N).
+
+    >>> fills_ranks("clients", 2, 4)
+    Traceback (most recent call last):
+    fedring.errors.ConfigError: clients: 2 clients on 4 MPI ranks: need clients >= ranks (K >= N), each rank hosts a block of at least one client
+    """
+    if clients < ranks:
+        raise ConfigError(key, f"{clients} clients on {ranks} MPI ranks: need clients >= ranks (K >= N), each rank "
+                               "hosts a block of at least one client")

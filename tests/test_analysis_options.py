@@ -272,3 +272,19 @@ def test_sys_modules_none_is_a_missing_extra_too(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=mpi_env(), cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (2, "python -m analysis load needs pandas, which is not installed: "
                                                  "pip install 'fedring[analysis]'\n")
+
+
+def test_ring_rows_reads_ring_and_the_brace_group_of_0_2_0(tmp_path):
+    """The ring rules' figures are under /ring; files of 0.2.0 hold them under /brace."""
+    from analysis.load import ring_rows
+
+    for group, plus in (("ring", [0.25, 0.5]), ("brace", [0.75, 1.0])):
+        with h5py.File(tmp_path / f"{group}.h5", "w") as f:
+            f[f"{group}/plus_fraction"] = np.array(plus)
+            f[f"{group}/detections"] = np.zeros((2, 3), np.int64)  # per client: not a column
+        rows = ring_rows(tmp_path / f"{group}.h5")
+        assert list(rows.columns) == ["round", "plus_fraction"]
+        assert rows["round"].tolist() == [1, 2] and rows["plus_fraction"].tolist() == plus
+    with h5py.File(tmp_path / "neither.h5", "w") as f:
+        f["metrics/round"] = np.array([1])
+    assert ring_rows(tmp_path / "neither.h5").empty

@@ -48,10 +48,11 @@ def expected(rule: str, params: dict, G: np.ndarray) -> np.ndarray:
 
 
 def run(rule, n, G, params=None, **kw):
+    """One round of ``rule``: (the update, the rule, the network, the round's :class:`RingResult`)."""
     vote = SignVote(rule, n, params or {}, **kw)
     net = Network(Layout(n))
-    out = vote(net, G.copy())
-    return out, vote, net
+    res = vote.aggregate(net, G.copy())
+    return res.update, vote, net, res
 
 
 def expected_bytes(n: int, d: int, planes: int, itemsize: int) -> np.ndarray:
@@ -69,7 +70,7 @@ def expected_bytes(n: int, d: int, planes: int, itemsize: int) -> np.ndarray:
 @pytest.mark.parametrize("rule,params", CONFIGS)
 def test_ring_equals_centralized_formula(n, rule, params):
     G = sign_matrix(n, 257, [n, len(params)])
-    out, vote, _ = run(rule, n, G, params)
+    out, vote, _, _res = run(rule, n, G, params)
     assert out.dtype == np.float32
     np.testing.assert_array_equal(out, expected(rule, params, G))
     np.testing.assert_array_equal(out, vote.centralized(G))
@@ -93,7 +94,7 @@ def test_more_than_127_clients_use_int16_counts():
     G = sign_matrix(n, d, 3)
     G[:, :5] = 1.0  # S = 130 > 127 must not wrap
     for rule, params in [("brace", {}), ("signsgd", {})]:
-        out, vote, net = run(rule, n, G, params)
+        out, vote, net, _res = run(rule, n, G, params)
         assert vote.dtype == np.int16
         np.testing.assert_array_equal(out, expected(rule, params, G))
         np.testing.assert_array_equal(net.ledger.client_bytes(), expected_bytes(n, d, vote.bits, 2))
@@ -184,7 +185,7 @@ def test_update_geometry_of_the_paper_rule():
 def test_bytes_equal_encoding_arithmetic(n, d):
     G = sign_matrix(n, d, [n, d])
     for rule, params in [("brace", {}), ("brace", {"rule": "symmetric"}), ("signsgd", {}), ("rlr", {})]:
-        _, vote, net = run(rule, n, G, params)
+        _, vote, net, _res = run(rule, n, G, params)
         assert vote.bits == (1 if params == {} and rule == "brace" else 2)
         np.testing.assert_array_equal(net.ledger.client_bytes(), expected_bytes(n, d, vote.bits, 1))
         assert set(net.ledger.clients) <= {"share_reduce", "share_only"}
@@ -193,13 +194,13 @@ def test_bytes_equal_encoding_arithmetic(n, d):
 def test_bytes_beat_float32_ring_and_paper_formula():
     """FMNIST CNN size, n = 100: <= d(n-1)/n * 9/8 + chunk rounding; >= 7x under the float32 ring."""
     n, d = 100, 139_960
-    _, vote, net = run("brace", n, sign_matrix(n, d, 0))
+    _, _vote, net, res = run("brace", n, sign_matrix(n, d, 0))
     sent = net.ledger.client_bytes()
     assert sent.max() <= d * (n - 1) / n * 9 / 8 + (n - 1)
     ring = 2 * 4 * d * (n - 1) / n
     assert ring / sent.max() >= 7.0
     assert paper_bytes(n, d) / sent.max() >= 3.6
-    assert vote.round_metrics()["paper_formula_bytes"] == pytest.approx(4_572_493.2 / 8)
+    assert res.figures["paper_formula_bytes"] == pytest.approx(4_572_493.2 / 8)
     assert sent.sum() == d * (n - 1) + sum(-(-np.diff(chunk_bounds(d, n)) // 8)) * (n - 1)
 
 
@@ -251,10 +252,10 @@ def test_check_never_flags_an_honest_run(n, sign_zero):
     for rule, params in CONFIGS if n < 100 else [CONFIGS[0], CONFIGS[4], CONFIGS[7]]:
         params = {**params, "sign_zero": sign_zero, "check": "on"}
         G = sign_matrix(n, 203, [n, 7])
-        out, vote, _ = run(rule, n, G, params)
+        out, _vote, _, res = run(rule, n, G, params)
         np.testing.assert_array_equal(out, expected(rule, params, G))
-        assert vote.round_metrics()["integrity_detections"] == 0
-        assert not vote.round_rows()["brace/detections"].any()
+        assert res.figures["integrity_detections"] == 0
+        assert not res.rows["detections"].any()
 
 
 def relay_round(n, d, relays, params, seed=0):
@@ -271,12 +272,12 @@ def test_check_flags_every_tampered_hop(sign_zero, bias):
     n, d = 20, 1000
     relays = [2, 7, 11, 19]
     attack = {"relay_attack": "bias", "relay_bias": bias, "sign_zero": sign_zero, "check": "on"}
-    _, vote, _ = relay_round(n, d, relays, attack)
-    detections = vote.round_rows()["brace/detections"]
+    _, _vote, _, res = relay_round(n, d, relays, attack)
+    detections = res.rows["detections"]
     expect = np.zeros(n, np.int64)
     expect[relays] = n - 1  # every relay forwards n - 1 non-empty partials
     np.testing.assert_array_equal(detections, expect)
-    m = vote.round_metrics()
+    m = res.figures
     assert m["relay_tampered_hops"] == m["integrity_detections"] == 4 * (n - 1)
     sizes = np.diff(chunk_bounds(d, n))
     assert m["integrity_flagged_counts"] == sum(d - sizes[(i + 1) % n] for i in relays)
@@ -287,12 +288,12 @@ def test_check_discards_a_detected_bias():
     tampered counts are dropped at the receiver: S = [q1 + q2, S_1, q1] = [0, 1, 1]."""
     G = np.array([[1, -1, 1], [-1, 1, 1], [1, 1, -1]], np.float32)
     params = {"lambda": 0, "relay_attack": "bias", "relay_bias": 100, "relay_clients": [0]}
-    off, vote_off, _ = run("brace", 3, G, params)
-    on, vote_on, _ = run("brace", 3, G, {**params, "check": "on"})
+    off, _vote_off, _, res_off = run("brace", 3, G, params)
+    on, _vote_on, _, res_on = run("brace", 3, G, {**params, "check": "on"})
     assert off.tolist() == [1, 1, 1]
     assert on.tolist() == [-1, 1, 1]
-    assert vote_on.round_rows()["brace/detections"].tolist() == [2, 0, 0]
-    assert vote_off.round_metrics()["relay_tampered_hops"] == 2
+    assert res_on.rows["detections"].tolist() == [2, 0, 0]
+    assert res_off.figures["relay_tampered_hops"] == 2
 
 
 def test_check_cannot_see_a_parity_keeping_bias_in_range():
@@ -300,10 +301,10 @@ def test_check_cannot_see_a_parity_keeping_bias_in_range():
     n, d = 8, 64
     G = np.ones((n, d), np.float32)
     G[::2] = -1.0  # partial counts alternate 1, 0, 1, 0 ...: +2 keeps them in range and parity
-    out, vote, _ = run("brace", n, G, {"lambda": 0, "sign_zero": 1, "check": "on", "relay_attack": "bias",
+    out, _vote, _, res = run("brace", n, G, {"lambda": 0, "sign_zero": 1, "check": "on", "relay_attack": "bias",
                                        "relay_bias": 2, "relay_clients": [3]})
-    assert vote.round_metrics()["relay_tampered_hops"] == n - 1
-    assert vote.round_metrics()["integrity_detections"] < n - 1
+    assert res.figures["relay_tampered_hops"] == n - 1
+    assert res.figures["integrity_detections"] < n - 1
     assert np.any(out == 1)  # honest S = 0 gives -1 everywhere: the undetected bias moved votes
 
 
@@ -313,10 +314,10 @@ def test_adjacent_relays_pass_the_parity_test():
     n, d = 8, 64
     G = np.ones((n, d), np.float32)
     G[::2] = -1.0
-    _, vote, _ = run("brace", n, G, {"sign_zero": 1, "check": "on", "relay_attack": "bias", "relay_bias": 1,
+    _, _vote, _, res = run("brace", n, G, {"sign_zero": 1, "check": "on", "relay_attack": "bias", "relay_bias": 1,
                                      "relay_clients": [3, 4]})
-    assert vote.round_rows()["brace/detections"].tolist() == [0, 0, 0, 0, 1, 0, 0, 0]
-    assert vote.round_metrics()["relay_tampered_hops"] == 2 * (n - 1)
+    assert res.rows["detections"].tolist() == [0, 0, 0, 0, 1, 0, 0, 0]
+    assert res.figures["relay_tampered_hops"] == 2 * (n - 1)
 
 
 def test_saturation_instead_of_wraparound():
@@ -325,7 +326,7 @@ def test_saturation_instead_of_wraparound():
     for sign in (1.0, -1.0):
         G = np.full((n, d), sign, np.float32)
         params = {"lambda": 0, "relay_attack": "bias", "relay_bias": int(sign * 127), "relay_clients": [10, 50]}
-        out, vote, _ = run("brace", n, G, params)
+        out, vote, _, _res = run("brace", n, G, params)
         assert vote.dtype == np.int8
         assert np.all(out == sign)
 
@@ -338,15 +339,15 @@ def test_flip_attack_reaches_the_clients_downstream_of_the_first_relay():
     G = sign_matrix(n, d, 4)
     honest = run("brace", n, G, {"lambda": 0})[0]
     for relays, chunks in [([2], [2, 3]), ([2, 3], [2, 3, 4])]:
-        out, vote, _ = run("brace", n, G, {"lambda": 0, "relay_attack": "flip", "relay_clients": relays, "check": "on"})
+        out, _vote, _, res = run("brace", n, G, {"lambda": 0, "relay_attack": "flip", "relay_clients": relays, "check": "on"})
         flipped = np.zeros(d, bool)
         for c in chunks:
             flipped[2 * c : 2 * c + 2] = True
         np.testing.assert_array_equal(out, np.where(flipped, -honest, honest))
-        assert vote.round_metrics()["integrity_detections"] == 0  # Share-Only carries no redundancy
+        assert res.figures["integrity_detections"] == 0  # Share-Only carries no redundancy
     # the owner 2 flips its own chunk on all 4 hops, relay 3 only its own chunk (s = 0)
-    assert vote.round_metrics()["relay_tampered_hops"] == 5
-    assert vote.round_metrics()["relay_flipped_signs"] == 10
+    assert res.figures["relay_tampered_hops"] == 5
+    assert res.figures["relay_flipped_signs"] == 10
 
 
 def test_flip_attack_on_three_valued_consensus_keeps_zeros():
@@ -413,21 +414,22 @@ for n in [2, 3, 5, 8, 100]:
     configs = configs + ([("brace", a) for a in ATTACKS] if n == 8 else [])
     for rule, params in configs:
         vote, net = SignVote(rule, n, params), Network(lay)
-        out = vote(net, G[lay.lo:lay.hi].copy())
+        res = vote.aggregate(net, G[lay.lo:lay.hi].copy())
+        out = res.update
         outs = comm.allgather(out)
         assert all(np.array_equal(o, out) for o in outs), "ranks disagree"
-        alone = SignVote(rule, n, params)
-        ref = alone(Network(Layout(n, comm=MPI.COMM_SELF)), G.copy())
+        alone = SignVote(rule, n, params).aggregate(Network(Layout(n, comm=MPI.COMM_SELF)), G.copy())
+        ref = alone.update
         assert np.array_equal(out, ref), (n, rule, params)
         if "relay_attack" not in params:
             assert np.array_equal(out, expected(rule, params, G)), (n, rule, params)
         sent, _ = net.gather_ledger()
-        metrics, rows = vote.round_metrics(), vote.round_rows()
+        metrics, rows = res.figures, res.rows
         if comm.rank == 0:
             assert np.array_equal(sent, expected_bytes(n, d, vote.bits, 1)), (n, rule)
-            assert metrics == alone.round_metrics(), (metrics, alone.round_metrics())
+            assert metrics == alone.figures, (metrics, alone.figures)
             for key in rows:
-                assert np.array_equal(rows[key], alone.round_rows()[key])
+                assert np.array_equal(rows[key], alone.rows[key])
 if comm.rank == 0:
     print("OK")
 """

@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 from conftest import MPIEXEC, fedring, run_mpi
 
-from fedring.cli.run import build_config, section_parser
+from fedring.cli.run import build_task, section_parser
 from fedring.conformal import labelshift as ls
 from fedring.conformal.labelshift.task import LabelShiftSettings, privacy_summary
 from fedring.conformal.trials import read_calibration
 from fedring.errors import ConfigError
-from fedring.tasks import TASKS
 
 FAST = ["--rounds", "20", "--local-steps", "2"]
 
@@ -37,8 +36,7 @@ def prepare(argv):
     from mpi4py import MPI
 
     parser = section_parser("labelshift", LabelShiftSettings, "")
-    cfg = build_config(list(map(str, argv)), 1, parser, section="labelshift")
-    return TASKS["labelshift"].prepare(cfg, MPI.COMM_WORLD)
+    return build_task(list(map(str, argv)), 1, parser, section="labelshift").prepare(MPI.COMM_WORLD).job
 
 
 def read(path):

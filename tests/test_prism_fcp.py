@@ -14,7 +14,7 @@ from scipy import stats
 from fedring.conformal import prism as pf
 from fedring.conformal import split_conformal_quantile
 from fedring.conformal.prism.psofed import selection_masks
-from fedring.conformal.prism.task import settings
+from fedring.conformal.prism.settings import settings
 from fedring.errors import ConfigError
 
 R2, RH = math.sqrt(2), math.sqrt(0.5)

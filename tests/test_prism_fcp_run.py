@@ -25,7 +25,7 @@ from fedring.conformal.prism.psofed import (
     participants,
     train_psofed,
 )
-from fedring.conformal.prism.task import settings
+from fedring.conformal.prism.settings import settings
 from fedring.conformal.prism.uci import (
     COLUMNS,
     client_indices,

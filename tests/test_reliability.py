@@ -86,7 +86,7 @@ def test_sweep_refuses_to_run_under_mpiexec(tmp_path):
 @pytest.mark.parametrize("args,text", [
     (["conformal", "labelshift", "--trials", "2"], "ranks: the gaussians experiment has 2 agents"),
     (["conformal", "prism", "--clients", "3", "--participants", "2", "--byzantine", "1"],
-     "clients: 3 clients cannot fill 4 MPI ranks"),
+     "clients: 3 clients on 4 MPI ranks: need clients >= ranks"),
 ])
 def test_conformal_setting_errors_exit_2_on_every_rank(tmp_path, args, text):
     """The one multi-rank settings error of each conformal task: one wrong for the number of ranks."""

@@ -27,7 +27,7 @@ from fedring.comm import Layout, Network
 from fedring.conformal.prism.calibration import robust_calibrate
 from fedring.conformal.prism.environment import synthetic_environment
 from fedring.conformal.prism.psofed import train_psofed
-from fedring.conformal.prism.task import settings
+from fedring.conformal.prism.settings import settings
 from fedring.errors import ConfigError
 from fedring.validate import integer
 

@@ -7,10 +7,11 @@ command that needs them: ``sweep`` runs in the job script's shell, where MPI mus
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 from fedring.errors import ConfigError
+
+from .launcher import launched_ranks
 
 USAGE = """usage: python -m fedring [--overwrite] [--quiet]  the headline job: ring-all-reduce and BRACE under attack (docs/brace.md)
        python -m fedring [run] [options]        one run of any task; training by default (python -m fedring run --help)
@@ -30,23 +31,14 @@ SUBCOMMANDS = {
 }
 
 
-def _launched_ranks() -> tuple[int, int]:
-    """(rank, size) from the MPI launcher's environment, without starting MPI (MPICH, Open MPI, PMIx)."""
-    for rank_var, size_var in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-                               ("PMIX_RANK", "PMIX_SIZE")):
-        if size_var in os.environ:
-            return int(os.environ.get(rank_var, 0)), int(os.environ[size_var])
-    return 0, 1
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["-h"], ["--help"]):
-        if _launched_ranks()[0] == 0:
+        if launched_ranks()[0] == 0:
             print(USAGE)
         return 0
     if argv[:1] == ["sweep"]:
-        rank, size = _launched_ranks()
+        rank, size = launched_ranks()
         if size > 1 and argv[1:2] != ["--check-world-size"]:
             if rank == 0:
                 print("fedring: error: sweep: runs in one process and starts the MPI jobs itself: "
@@ -59,20 +51,20 @@ def main(argv: list[str] | None = None) -> int:
         group = argv[0]
         choices = {k[1]: v for k, v in SUBCOMMANDS.items() if k[0] == group}
         if choices and (len(argv) < 2 or argv[1] in ("-h", "--help")):
-            if _launched_ranks()[0] == 0:
+            if launched_ranks()[0] == 0:
                 out = sys.stdout if len(argv) > 1 else sys.stderr
                 print(f"usage: python -m fedring {group} {'|'.join(choices)} [options]\n", file=out)
                 print("\n".join(f"  {name:<12} {line}" for name, (_, _, line) in choices.items()), file=out)
             return 0 if len(argv) > 1 else 2
         if tuple(argv[:2]) not in SUBCOMMANDS:
-            if _launched_ranks()[0] == 0:
+            if launched_ranks()[0] == 0:
                 print(f"fedring: error: unknown command {' '.join(argv[:2])!r}\n{USAGE}", file=sys.stderr)
             return 2
         module, fn, _ = SUBCOMMANDS[tuple(argv[:2])]
         try:
             return getattr(importlib.import_module(module), fn)(argv[2:])
         except ConfigError as e:  # a benchmark's bad option (the tasks agree on theirs themselves)
-            if _launched_ranks()[0] == 0:
+            if launched_ranks()[0] == 0:
                 print(f"fedring: error: {e}", file=sys.stderr)
             return 2
     from .run import headline, run

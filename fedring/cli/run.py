@@ -15,19 +15,12 @@ import os
 from mpi4py import MPI
 
 from fedring import validate as check
-from fedring.config import (
-    GENERAL,
-    RUN_CONTROL,
-    Config,
-    config_differences,
-    load_toml,
-    merge,
-    parse_value,
-    validate,
-)
+from fedring.config import GENERAL, RUN_CONTROL, Config, config_differences, load_toml, merge, parse_value
 from fedring.errors import ConfigError
 from fedring.runtime import Watchdog, agree_on_config_error
-from fedring.tasks import TASKS
+from fedring.tasks import Task, validate
+
+from .launcher import launched_ranks
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -49,9 +42,7 @@ class ArgumentParser(argparse.ArgumentParser):
         raise ConfigError("arguments", f"{message} (see {self.prog} --help)")
 
     def print_help(self, file=None):
-        from . import _launched_ranks
-
-        if _launched_ranks()[0] == 0:
+        if launched_ranks()[0] == 0:
             super().print_help(file)
 
 
@@ -141,7 +132,13 @@ def section_parser(task: str, schema: type, description: str) -> ArgumentParser:
 
 def build_config(argv: list[str], world_size: int, parser: ArgumentParser | None = None,
                  section: str | None = None) -> Config:
-    """The validated config of a command line: ``--config``, then ``--set``, then the named options.
+    """The validated config of a command line (:func:`build_task`'s)."""
+    return build_task(argv, world_size, parser, section).cfg
+
+
+def build_task(argv: list[str], world_size: int, parser: ArgumentParser | None = None,
+               section: str | None = None) -> Task:
+    """The task of a command line, its config validated: ``--config``, then ``--set``, then the named options.
 
     With ``section``, the named options other than the general ones are that task's settings
     (``python -m fedring conformal prism --trials 5`` sets ``prism.trials``). With ``--resume``
@@ -193,15 +190,15 @@ def resumed_config(path: str, layers: list[tuple[dict, str]]) -> Config:
     return cfg
 
 
-def resume_line(cfg: Config) -> str:
+def resume_line(task: Task) -> str:
     """``resuming FILE from round R of T`` (rank 0, after the job read the checkpoint)."""
     import h5py
 
-    with h5py.File(cfg.out, "r") as f:
+    with h5py.File(task.cfg.out, "r") as f:
         root = f["checkpoint"]
         done = int(root[root.attrs["current"]].attrs["round"])
-    total, unit = TASKS[cfg.task].steps(cfg)
-    return f"fedring: resuming {cfg.out} from {unit.removesuffix('s')} {done} of {total}"
+    total, unit = task.steps()
+    return f"fedring: resuming {task.cfg.out} from {unit.removesuffix('s')} {done} of {total}"
 
 
 def run(argv: list[str], parser: ArgumentParser | None = None, section: str | None = None) -> int:
@@ -210,18 +207,18 @@ def run(argv: list[str], parser: ArgumentParser | None = None, section: str | No
     comm = MPI.COMM_WORLD
 
     def job() -> int:
-        error = cfg = work = None
+        error = task = work = None
         try:
-            cfg = build_config(argv, comm.size, parser, section)
-            watchdog.grace = cfg.stop_grace
-            work = TASKS[cfg.task].prepare(cfg, comm)
+            task = build_task(argv, comm.size, parser, section)
+            watchdog.grace = task.cfg.stop_grace
+            work = task.prepare(comm)
         except ConfigError as e:
             error = e
         agree_on_config_error(comm, error)
-        if comm.rank == 0 and not cfg.quiet:
-            print(TASKS[cfg.task].banner(cfg, comm.size), flush=True)
-            if cfg.resume:
-                print(resume_line(cfg), flush=True)
+        if comm.rank == 0 and not task.cfg.quiet:
+            print(task.banner(comm.size), flush=True)
+            if task.cfg.resume:
+                print(resume_line(task), flush=True)
         return work.run(watchdog)
 
     return watchdog.run(job)

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedring.config import Config
 from fedring.errors import ConfigError
+from fedring.results import FileStatus
 from fedring.sweep import (
     JOBS_DIR,
     Sweep,
@@ -31,21 +31,21 @@ from fedring.sweep import (
     tasks_file,
     write_configs,
 )
-from fedring.tasks import TASKS
+from fedring.tasks import Task
 
 # ---------------------------------------------------------------------------------------------
 # What a job does with its results file (called by jobs/run.sbatch)
 # ---------------------------------------------------------------------------------------------
 
 
-def _run_config(argv: list[str], world_size: int) -> Config:
-    """The config that ``python -m fedring run ARGV`` resolves to (file checks left out)."""
+def _run_task(argv: list[str], world_size: int) -> Task:
+    """The task that ``python -m fedring run ARGV`` resolves to (file checks left out)."""
     import mpi4py
 
     mpi4py.rc.initialize = mpi4py.rc.finalize = False  # parse only: no MPI in the batch shell
-    from .run import build_config
+    from .run import build_task
 
-    return build_config([*argv, "--overwrite"], world_size)
+    return build_task([*argv, "--overwrite"], world_size)
 
 
 def plan(argv: list[str], world_size: int, restart: bool) -> list[str] | None:
@@ -60,7 +60,8 @@ def plan(argv: list[str], world_size: int, restart: bool) -> list[str] | None:
         raise ConfigError("arguments", "a job argument contains a newline")
     args = [a for a in argv if a not in ("--overwrite", "--resume")]
     fresh = "--overwrite" in argv and not restart
-    cfg = _run_config(args, world_size)
+    task = _run_task(args, world_size)
+    cfg = task.cfg
     state = file_state(cfg.out)
     say = lambda msg: print(f"fedring job: {cfg.out}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     if state.kind == "missing":
@@ -76,11 +77,11 @@ def plan(argv: list[str], world_size: int, restart: bool) -> list[str] | None:
     if diff:
         raise ConfigError("out", f"{cfg.out} was written with other settings: {'; '.join(diff)}; "
                           "pass --overwrite (first start) or choose another --out")
-    if state.kind == "complete":
+    if state.kind == FileStatus.COMPLETE:
         say("complete: nothing to do")
         return None
     if state.checkpoint:
-        say(f"{state.kind} after {state.rounds_completed} {TASKS[cfg.task].steps(cfg)[1]}: resuming from its checkpoint")
+        say(f"{state.kind} after {state.rounds_completed} {task.steps()[1]}: resuming from its checkpoint")
         return [*args, "--resume"]
     say(f"{state.kind} without a checkpoint: starting afresh")
     return [*args, "--overwrite"]
@@ -247,7 +248,7 @@ def main(argv: list[str]) -> int:
         sweep = load_sweep(args.grid, args.set, overrides)
         rows = states(sweep)
         conflicts = [sweep.hashes[i] for i, (kind, _) in enumerate(rows) if kind in ("conflict", "unreadable")]
-        pending = [i for i, (kind, _) in enumerate(rows) if kind not in ("complete", "live", "conflict", "unreadable")]
+        pending = [i for i, (kind, _) in enumerate(rows) if kind not in (FileStatus.COMPLETE, "live", "conflict", "unreadable")]
         counts = {k: sum(1 for kind, _ in rows if kind == k) for k in dict.fromkeys(kind for kind, _ in rows)}
         print(f"{sweep.grid}: {len(sweep.configs)} configs, {sweep.settings.ranks} ranks each, results in {sweep.out_dir}/ "
               f"({', '.join(f'{n} {k}' for k, n in counts.items())})")

@@ -17,7 +17,8 @@ coordinate moves by exactly ``eta``.
 signSGD with majority vote (Bernstein et al. 2019) and sign-aggregated RLR (Ozdayi et al.
 2021) run the same phases I, II and IV; only the consensus map of phase III differs. The paper
 (§5.2) says both adapt to the ring at BRACE's cost; the sign-aggregated forms used here are the
-ones that fit it. :class:`SignVote` is the one implementation.
+ones that fit it. :class:`SignRule` implements the phases once; :class:`Brace`,
+:class:`SignSGD` and :class:`RLR` are its consensus maps.
 
 Wire encodings (cheaper than the paper's accounting, which charges ``m = 32`` bits per count
 and 1 bit per consensus value, ``d (n - 1)(m + 1) / n`` bits per client):
@@ -49,7 +50,7 @@ relay attacks and a check, all off by default:
   contributed to lies in ``[-k, k]``, and when ``sign_zero`` is +-1 (no client abstains) it
   has the parity of ``k``. The receiver tests every incoming count; a count out of range or of
   the wrong parity convicts the hop it came over (the sender ``j - 1``), is counted in
-  ``brace/detections`` and is replaced by the valid value nearest to 0 (0, or ``sign_zero``
+  ``ring/detections`` and is replaced by the valid value nearest to 0 (0, or ``sign_zero``
   when ``k`` is odd): the tampered coordinate loses the votes of its upstream clients
   instead of carrying the bias.
 
@@ -76,22 +77,13 @@ sign(0), which the paper never defines: ``sign_zero`` (0 by default, as ``np.sig
 of a coordinate that is exactly 0 (or not finite: NaN or an infinity). With 0 such a client
 abstains; with +-1 every client votes, which is what makes the parity check possible.
 
-Examples
---------
-The paper's Fig. 1 gradients with lambda = 2 (the threshold of its Fig. 2): ``S = [3, 1, 1]``.
-
->>> from mpi4py import MPI
->>> from fedring.comm import Layout, Network
->>> G = np.array([[5, 2, -10], [8, -4, 7], [9, 3, 8]], np.float32)
->>> SignVote("brace", 3, {"lambda": 2})(Network(Layout(3, MPI.COMM_SELF)), G.copy())
-array([ 1., -1., -1.], dtype=float32)
->>> SignVote("brace", 3, {"lambda": 0})(Network(Layout(3, MPI.COMM_SELF)), G.copy())
-array([1., 1., 1.], dtype=float32)
+The paper's Fig. 1 worked through: :class:`Brace`'s example.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
@@ -103,6 +95,7 @@ from fedring.validate import choice, integer, known_keys, real
 from .network import Network
 from .ring import (
     RING_RULES,
+    RingResult,
     RingRule,
     all_gather,
     chunk_bounds,
@@ -114,8 +107,8 @@ SIGN_RULES = ("brace", "signsgd", "rlr")
 BRACE_RULES = ("paper", "symmetric")
 RELAY_ATTACKS = ("none", "bias", "flip")
 SHARE_REDUCE, SHARE_ONLY = "share_reduce", "share_only"
+#: the keys of every sign rule's section (each rule adds its own)
 COMMON_KEYS = ("sign_zero", "check", "relay_attack", "relay_bias", "relay_flip_prob", "relay_clients")
-RULE_KEYS = {"brace": ("lambda", "rule"), "signsgd": (), "rlr": ("theta",)}
 
 
 def paper_bytes(n: int, d: int, m: int = 32) -> float:
@@ -215,32 +208,41 @@ class Packing:
         return out
 
 
-class SignVote(RingRule):
-    """Sign voting over the logical ring: BRACE, signSGD or RLR (one implementation of the phases).
+@dataclass
+class RelayCounts:
+    """What the integrity check and the relay attacks counted in one round (summed over ranks)."""
 
-    Consensus maps (phase III) on the vote counts ``S = sum_i sign(g_i)``:
+    detections: np.ndarray  # (n,): hops convicted, per accused sender
+    flagged: int = 0  # partial counts the check replaced
+    tampered_hops: int = 0  # hops a Byzantine relay tampered with (bias or flip)
+    flipped_signs: int = 0  # consensus signs the flip relays flipped
 
-    - ``brace``, ``rule=paper`` (default), eq. (1)-(3): ``+1 if S > lambda else -1``.
-    - ``brace``, ``rule=symmetric``: ``+1 if S > lambda``, ``-1 if S < -lambda``, else 0. Not in
-      the paper; an ablation in which weak agreement moves nothing instead of drifting by
-      ``+eta``. Needs ``lambda >= 0``.
-    - ``signsgd``: ``sign(S)``, 0 on ties (as the RLR authors' ``agg_sign``).
-    - ``rlr``: ``rho * sign(S)`` with ``rho = +1 if |S| >= theta else -1`` (sign-aggregated
-      RLR): where too few clients agree the step is reversed.
+    def summed(self, comm: MPI.Comm) -> RelayCounts:
+        """Collective: the totals over every rank (each rank counts for its own clients)."""
+        flat = np.concatenate([self.detections, [self.flagged, self.tampered_hops, self.flipped_signs]])
+        comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+        n = len(self.detections)
+        return RelayCounts(flat[:n], *(int(v) for v in flat[n:]))
+
+
+class SignRule(RingRule):
+    """Sign voting over the logical ring: the base of BRACE, signSGD and RLR.
+
+    Every sign rule runs phases I (quantize), II (Share-Reduce), IV (Share-Only) here, with
+    the integrity check and the relay attacks; a subclass sets ``name`` and its own keys
+    (``params``), reads them in :meth:`configure` and maps vote counts to the aggregate in
+    :meth:`planes` (phase III).
 
     Parameters
     ----------
-    rule : {"brace", "signsgd", "rlr"}
     n_clients : int
-    params : dict
-        The config section named after ``rule`` (keys are reported as ``<rule>.<key>``):
+    seed : int
+        Seeds the flip draws: relay ``i`` in round ``t`` (``round``, set by the caller) draws
+        from :func:`fedring.rng.generator` (stream ``RELAY_FLIP``, client ``i``, step ``t``).
+    **params
+        The config section named after the rule (keys are reported as ``<rule>.<key>``),
+        the rule's own keys and these, common to every sign rule:
 
-        - ``lambda`` (brace): threshold, any finite number; default 5, the paper's value for
-          n = 100.
-        - ``rule`` (brace): ``"paper"`` (default) or ``"symmetric"``.
-        - ``theta`` (rlr): integer >= 0; default ``ceil(0.2 n)``, the ratio of the RLR
-          authors' CIFAR-10 setting (8 of 40 agents): 20 for the BRACE paper's 100 clients,
-          for which it gives no theta.
         - ``sign_zero``: the value of sign(0): 0 (default: the client abstains), 1 or -1.
         - ``check``: ``"off"`` (default) or ``"on"`` (also true/false): the Share-Reduce
           integrity check.
@@ -250,9 +252,6 @@ class SignVote(RingRule):
           forwards in Share-Only (default 1).
         - ``relay_clients``: the Byzantine relays (list of client ids), until
           :meth:`set_byzantine` sets them.
-    seed : int
-        Seeds the flip draws: relay ``i`` in round ``t`` (the ``t``-th call) draws from
-        :func:`fedring.rng.generator` (stream ``RELAY_FLIP``, client ``i``, step ``t``).
 
     Notes
     -----
@@ -274,23 +273,20 @@ class SignVote(RingRule):
     ([1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [-1.0, -1.0, 0.0])
     """
 
-    def __init__(self, rule: str, n_clients: int, params: dict | None = None, *, seed: int = 0):
-        choice("aggregator", rule, SIGN_RULES)
-        params = dict(params or {})
-        known_keys(rule, f"ring rule {rule}", params, RULE_KEYS[rule] + COMMON_KEYS)
-        self.rule, self.n_clients, self.seed = rule, integer("clients", n_clients, lo=1), seed
+    #: the rule's own keys (its section also takes :data:`COMMON_KEYS`)
+    own_keys: tuple[str, ...] = ()
+    #: whether phase III has three values (two bit planes in Share-Only)
+    three_valued = True
+
+    def __init__(self, n_clients: int, *, seed: int = 0, **params):
+        rule = self.name
+        known_keys(rule, f"ring rule {rule}", params, self.own_keys + COMMON_KEYS)
+        self.n_clients, self.seed = integer("clients", n_clients, lo=1), seed
 
         def get(key, default):
             return params.get(key, default), f"{rule}.{key}"
 
-        value, key = get("lambda", 5)
-        self.lam = real(key, value)
-        value, key = get("rule", "paper")
-        self.brace_rule = choice(key, value, BRACE_RULES)
-        if self.brace_rule == "symmetric" and self.lam < 0:
-            raise ConfigError(f"{rule}.lambda", f"the symmetric rule needs lambda >= 0, got {self.lam:g}")
-        theta, key = get("theta", None)
-        self.theta = math.ceil(0.2 * n_clients) if theta is None else integer(key, theta, lo=0)
+        self.configure(get)
         value, key = get("sign_zero", 0)
         self.sign_zero = choice(key, integer(key, value), (0, 1, -1))
         value, key = get("check", "off")
@@ -307,19 +303,17 @@ class SignVote(RingRule):
         if not 0.0 <= self.flip_prob <= 1.0:
             raise ConfigError(key, f"must be a probability in [0, 1], got {value!r}")
         self.set_byzantine(params.get("relay_clients", []))
-        self.three_valued = rule != "brace" or self.brace_rule == "symmetric"
         self.dtype = count_dtype(n_clients)
-        self.round = 0
-        self.d = 0
-        self._signs = (0, 0)
-        self._stats = np.zeros(n_clients + 3, np.int64)
         self._buffers: dict[str, np.ndarray] = {}
+
+    def configure(self, get) -> None:
+        """Read the rule's own keys: ``get(key, default)`` gives ``(value, "<rule>.<key>")``."""
 
     # ---------------------------------------------------------------- configuration
 
     def set_byzantine(self, clients) -> None:
         """The Byzantine clients (ids) that act as malicious relays under ``relay_attack``."""
-        key = f"{self.rule}.relay_clients"
+        key = f"{self.name}.relay_clients"
         try:
             ids = np.asarray(clients, dtype=np.int64).reshape(-1)
         except (TypeError, ValueError):
@@ -342,30 +336,19 @@ class SignVote(RingRule):
 
     # ---------------------------------------------------------------- phase III
 
+    @staticmethod
+    def clip(S: np.ndarray, v: int):
+        """``v`` clipped into the count type of ``S`` (thresholds are compared as integers)."""
+        top = int(np.iinfo(S.dtype).max)
+        return S.dtype.type(min(max(v, -top - 1), top))
+
     def planes(self, S: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Phase III on (a chunk of) vote counts ``S``: the "positive" and "nonzero" bit planes.
 
         The aggregate is ``+1`` where positive, ``-1`` where not (and nonzero), 0 where not
-        nonzero; the two-valued paper rule has no zero plane (None). Thresholds are compared as
-        integers: ``S > lambda`` iff ``S > floor(lambda)`` for integer ``S``, clipped into the
-        count type (so lambda >= n gives all -1 and lambda < -n all +1).
+        nonzero; a two-valued rule has no zero plane (None).
         """
-        top = int(np.iinfo(S.dtype).max)
-
-        def clip(v):
-            return S.dtype.type(min(max(v, -top - 1), top))
-
-        if self.rule == "brace":
-            floor = math.floor(self.lam)
-            up = S > clip(floor)  # eq. (1)-(3): GAR = 2 I_t[k, k] - 1, I_t[k, k] = 1(S[k] > lambda)
-            if self.brace_rule == "paper":
-                return up, None
-            return up, up | (S <= clip(-floor - 1))  # symmetric: -1 only where S < -lambda
-        positive, nonzero = S > 0, S != 0
-        if self.rule == "signsgd":
-            return positive, nonzero
-        agree = np.abs(S) > clip(self.theta - 1)  # |S| >= theta keeps sign(S), else it is reversed
-        return positive == agree, nonzero
+        raise NotImplementedError
 
     def consensus(self, S: np.ndarray) -> np.ndarray:
         """Phase III as int8 values in {-1, 0, +1}."""
@@ -380,20 +363,19 @@ class SignVote(RingRule):
 
     # ---------------------------------------------------------------- the round
 
-    def __call__(self, net: Network, grads: np.ndarray) -> np.ndarray:
-        """One round over the ring: the ``(d,)`` aggregate, identical on every rank.
+    def aggregate(self, net: Network, grads: np.ndarray) -> RingResult:
+        """One round over the ring: the ``(d,)`` aggregate, identical on every rank, and its figures.
 
-        ``grads`` holds the ``(n_local, d)`` float32 rows of this rank's clients. The result is
-        written into ``grads[0]`` and returned (a view: copy it to keep it once ``grads`` is
-        reused); other rows are left unchanged.
+        ``grads`` holds the ``(n_local, d)`` float32 rows of this rank's clients. The update is
+        written into ``grads[0]`` (a view: copy it to keep it once ``grads`` is reused); other
+        rows are left unchanged.
         """
         lay, n = net.layout, net.n_clients
         if n != self.n_clients:
-            raise ValueError(f"SignVote built for {self.n_clients} clients, network has {n}")
+            raise ValueError(f"{self.name} built for {self.n_clients} clients, network has {n}")
         net.check_rows(grads, what="grads")
         n_local, d = grads.shape
-        self.d = d
-        self._stats[:] = 0
+        counted = RelayCounts(np.zeros(n, np.int64))
         bounds = chunk_bounds(d, n)
         packing = Packing(bounds, self.bits)
         local_byz = [i for i in lay.local_clients if self.byzantine[i]]
@@ -401,7 +383,7 @@ class SignVote(RingRule):
         counts = self._scratch("counts", grads.shape, self.dtype)
         quantize(grads, self.sign_zero, self.dtype, out=counts)  # phase I
         if self.check or (self.relay_attack == "bias" and self.byzantine.any()):
-            self._share_reduce_guarded(net, counts, bounds, local_byz)  # phase II
+            self._share_reduce_guarded(net, counts, bounds, local_byz, counted)  # phase II
         else:
             reduce_scatter(net, counts, bounds, SHARE_REDUCE, check=False)  # phase II
 
@@ -413,7 +395,7 @@ class SignVote(RingRule):
 
         flipping = self.relay_attack == "flip" and self.byzantine.any()
         if flipping:
-            self._share_only_flipping(net, packed, packing, local_byz)  # phase IV
+            self._share_only_flipping(net, packed, packing, local_byz, counted)  # phase IV
         else:
             all_gather(net, packed, pb, SHARE_ONLY, check=False)  # phase IV
         row = packed[0]
@@ -424,15 +406,11 @@ class SignVote(RingRule):
             row = packed[observer - lay.lo] if lay.rank == root else np.empty(packed.shape[1], np.uint8)
             net.comm.Bcast(row, root=root)  # simulation only: which replica the run follows
         if self.check or self.relay_attack != "none":
-            total = np.zeros_like(self._stats)
-            net.comm.Reduce(self._stats, total, op=MPI.SUM, root=0)
-            self._stats = total
-        self.round += 1
+            counted = counted.summed(net.comm)
         # Into grads[0] (consumed by now): a fresh d-vector would cost a page fault per 4 KiB.
         reuse = grads.dtype == np.float32 and grads[0].flags.c_contiguous and grads.flags.writeable
         update = packing.decode(row, grads[0] if reuse else None)
-        self._signs = (int(np.count_nonzero(update > 0)), int(np.count_nonzero(update < 0)))
-        return update
+        return RingResult(update, self.figures(d, update, counted), self.per_client(counted))
 
     def _scratch(self, name: str, shape: tuple, dtype) -> np.ndarray:
         """A work buffer kept across rounds (never handed out)."""
@@ -441,7 +419,8 @@ class SignVote(RingRule):
             buf = self._buffers[name] = np.empty(shape, dtype)
         return buf
 
-    def _share_reduce_guarded(self, net: Network, counts: np.ndarray, bounds: np.ndarray, local_byz) -> None:
+    def _share_reduce_guarded(self, net: Network, counts: np.ndarray, bounds: np.ndarray, local_byz,
+                              counted: RelayCounts) -> None:
         """Phase II step by step, with the relays' bias, the receivers' check and saturation."""
         lay, n = net.layout, net.n_clients
         own = self._scratch("own", counts.shape, counts.dtype)
@@ -454,7 +433,7 @@ class SignVote(RingRule):
                     c = (i - s) % n
                     part = counts[i - lay.lo, bounds[c] : bounds[c + 1]]
                     part[...] = np.clip(part.astype(np.int64) + self.relay_bias, -top, top)
-                    self._stats[n + 1] += part.size > 0
+                    counted.tampered_hops += part.size > 0
             net.ring_step(counts, bounds, lambda i: (i - s) % n, None, SHARE_REDUCE)
             k = s + 1  # contributors to every count received in step s
             for j in lay.local_clients:
@@ -466,12 +445,13 @@ class SignVote(RingRule):
                         bad |= ((got ^ k) & 1).astype(bool)
                     flagged = int(np.count_nonzero(bad))
                     if flagged:
-                        self._stats[(j - 1) % n] += 1
-                        self._stats[n] += flagged
+                        counted.detections[(j - 1) % n] += 1
+                        counted.flagged += flagged
                         got[bad] = (k % 2) * self.sign_zero
                 got[...] = np.clip(got.astype(np.int64) + own[j - lay.lo, bounds[c] : bounds[c + 1]], -top, top)
 
-    def _share_only_flipping(self, net: Network, packed: np.ndarray, packing: Packing, local_byz) -> None:
+    def _share_only_flipping(self, net: Network, packed: np.ndarray, packing: Packing, local_byz,
+                             counted: RelayCounts) -> None:
         """Phase IV with Byzantine relays flipping the signs they forward (the first on each path)."""
         lay, n = net.layout, net.n_clients
         b, pb = packing.bounds, packing.byte_bounds
@@ -486,17 +466,17 @@ class SignVote(RingRule):
                     continue
                 seg = packed[i - lay.lo, pb[c] : pb[c + 1]]
                 flips = np.ones(size, bool) if self.flip_prob == 1.0 else rngs[i].random(size) < self.flip_prob
-                self._stats[n + 1] += 1
-                self._stats[n + 2] += int(np.count_nonzero(packing.nonzero(seg, c) & flips))
+                counted.tampered_hops += 1
+                counted.flipped_signs += int(np.count_nonzero(packing.nonzero(seg, c) & flips))
                 packing.signs(seg, c)[...] ^= np.packbits(flips)
             net.ring_step(packed, pb, lambda i: (i + 1 - s) % n, None, SHARE_ONLY)
 
     # ---------------------------------------------------------------- reporting
 
-    def round_metrics(self) -> dict[str, float | int]:
-        """Scalars of the last round (valid on rank 0): the paper's cost formula, detections, tampering."""
-        n, d = self.n_clients, self.d
-        plus, minus = self._signs
+    def figures(self, d: int, update: np.ndarray, counted: RelayCounts) -> dict[str, float | int]:
+        """Scalars of a round: the paper's cost formula, the drift diagnostic, detections, tampering."""
+        n = self.n_clients
+        plus, minus = int(np.count_nonzero(update > 0)), int(np.count_nonzero(update < 0))
         out: dict[str, float | int] = {
             "paper_formula_bytes": paper_bytes(n, d),
             "rar_formula_bytes": 2 * 32 * d * (n - 1) / n / 8,
@@ -506,43 +486,106 @@ class SignVote(RingRule):
             "zero_fraction": (d - plus - minus) / max(d, 1),
         }
         if self.check:
-            out["integrity_detections"] = int(self._stats[:n].sum())
-            out["integrity_flagged_counts"] = int(self._stats[n])
+            out["integrity_detections"] = int(counted.detections.sum())
+            out["integrity_flagged_counts"] = counted.flagged
         if self.relay_attack != "none":
-            out["relay_tampered_hops"] = int(self._stats[n + 1])
+            out["relay_tampered_hops"] = counted.tampered_hops
         if self.relay_attack == "flip":
-            out["relay_flipped_signs"] = int(self._stats[n + 2])
+            out["relay_flipped_signs"] = counted.flipped_signs
         return out
 
-    def round_rows(self) -> dict[str, np.ndarray]:
-        """Per-client rows of the last round (valid on rank 0): detections per accused sender."""
-        if not self.check:
-            return {}
-        return {"brace/detections": self._stats[: self.n_clients].copy()}
+    def per_client(self, counted: RelayCounts) -> dict[str, np.ndarray]:
+        """Per-client rows of a round: detections per accused sender (with the check on)."""
+        return {"detections": counted.detections} if self.check else {}
 
 
 @RING_RULES.register
-class Brace(SignVote):
-    """BRACE (the paper's eq. (1)-(4)): settings ``lambda``, ``rule`` and those of every sign rule."""
+class Brace(SignRule):
+    """BRACE, eq. (1)-(4): ``+1 if S > lambda else -1`` (``rule=paper``, the default).
+
+    ``rule=symmetric``: ``+1 if S > lambda``, ``-1 if S < -lambda``, else 0. Not in the paper;
+    an ablation in which weak agreement moves nothing instead of drifting by ``+eta``. Needs
+    ``lambda >= 0``. Keys: ``lambda`` (the threshold, any finite number; default 5, the
+    paper's value for n = 100), ``rule``, and those of every sign rule (:class:`SignRule`).
+
+    Examples
+    --------
+    The paper's Fig. 1 gradients with lambda = 2 (the threshold of its Fig. 2): ``S = [3, 1, 1]``.
+
+    >>> from mpi4py import MPI
+    >>> from fedring.comm import Layout, Network
+    >>> G = np.array([[5, 2, -10], [8, -4, 7], [9, 3, 8]], np.float32)
+    >>> Brace(3, **{"lambda": 2})(Network(Layout(3, MPI.COMM_SELF)), G.copy())
+    array([ 1., -1., -1.], dtype=float32)
+    >>> Brace(3, **{"lambda": 0})(Network(Layout(3, MPI.COMM_SELF)), G.copy())
+    array([1., 1., 1.], dtype=float32)
+    """
 
     name = "brace"
-    params = RULE_KEYS["brace"] + COMMON_KEYS
+    own_keys = ("lambda", "rule")
+    params = own_keys + COMMON_KEYS
 
-    def __init__(self, n_clients: int, *, seed: int = 0, **params):
-        super().__init__(self.name, n_clients, params, seed=seed)
+    def configure(self, get) -> None:
+        value, key = get("lambda", 5)
+        self.lam = real(key, value)
+        value, key = get("rule", "paper")
+        self.brace_rule = choice(key, value, BRACE_RULES)
+        if self.brace_rule == "symmetric" and self.lam < 0:
+            raise ConfigError(f"{self.name}.lambda", f"the symmetric rule needs lambda >= 0, got {self.lam:g}")
+        self.three_valued = self.brace_rule == "symmetric"
+
+    def planes(self, S: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``S > lambda`` iff ``S > floor(lambda)`` for integer ``S``, clipped into the count type
+        (so lambda >= n gives all -1 and lambda < -n all +1)."""
+        floor = math.floor(self.lam)
+        up = S > self.clip(S, floor)  # eq. (1)-(3): GAR = 2 I_t[k, k] - 1, I_t[k, k] = 1(S[k] > lambda)
+        if self.brace_rule == "paper":
+            return up, None
+        return up, up | (S <= self.clip(S, -floor - 1))  # symmetric: -1 only where S < -lambda
 
 
 @RING_RULES.register
-class SignSGD(Brace):
-    """signSGD with majority vote over the ring: ``sign(S)``, 0 on ties."""
+class SignSGD(SignRule):
+    """signSGD with majority vote over the ring: ``sign(S)``, 0 on ties (as the RLR authors' ``agg_sign``)."""
 
     name = "signsgd"
-    params = RULE_KEYS["signsgd"] + COMMON_KEYS
+    params = COMMON_KEYS
+
+    def planes(self, S: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        return S > 0, S != 0
 
 
 @RING_RULES.register
-class RLR(Brace):
-    """Sign-aggregated robust learning rate over the ring: setting ``theta`` and those of every sign rule."""
+class RLR(SignRule):
+    """Sign-aggregated robust learning rate over the ring: ``rho * sign(S)`` with
+    ``rho = +1 if |S| >= theta else -1``: where too few clients agree the step is reversed.
+
+    ``theta``: integer >= 0; default ``ceil(0.2 n)``, the ratio of the RLR authors' CIFAR-10
+    setting (8 of 40 agents): 20 for the BRACE paper's 100 clients, for which it gives no theta.
+    """
 
     name = "rlr"
-    params = RULE_KEYS["rlr"] + COMMON_KEYS
+    own_keys = ("theta",)
+    params = own_keys + COMMON_KEYS
+
+    def configure(self, get) -> None:
+        theta, key = get("theta", None)
+        self.theta = math.ceil(0.2 * self.n_clients) if theta is None else integer(key, theta, lo=0)
+
+    def planes(self, S: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        agree = np.abs(S) > self.clip(S, self.theta - 1)  # |S| >= theta keeps sign(S), else it is reversed
+        return (S > 0) == agree, S != 0
+
+
+#: each sign rule's own keys (its section also takes :data:`COMMON_KEYS`)
+RULE_KEYS = {rule.name: rule.own_keys for rule in (Brace, SignSGD, RLR)}
+
+
+def SignVote(rule: str, n_clients: int, params: dict | None = None, *, seed: int = 0) -> SignRule:
+    """The sign rule ``rule`` ("brace", "signsgd" or "rlr") with the settings ``params``.
+
+    >>> SignVote("rlr", 100).theta
+    20
+    """
+    choice("aggregator", rule, SIGN_RULES)
+    return RING_RULES[rule](n_clients, seed=seed, **(params or {}))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from fedring.errors import ConfigError
+from fedring.validate import fills_ranks
 
 #: Ledger phases that are not part of the protocol under study (the adversary's side
 #: channel): counted, but never added into ``bytes_sent``.
@@ -39,6 +39,20 @@ def block_bounds(total: int, parts: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)])
 
 
+def first_problem(comm: MPI.Comm, problem: str | None, values=()) -> tuple[tuple[int, str] | None, np.ndarray]:
+    """Collective, one small all-reduce: how the ranks agree on an error.
+
+    Returns the lowest rank that found a ``problem`` with its message (None when no rank did;
+    the message is then broadcast from that rank), and the minimum over the ranks of each
+    integer in ``values`` (the same count on every rank), reduced in the same all-reduce.
+    """
+    agreed = np.array([comm.size if problem is None else comm.rank, *values], np.int64)
+    comm.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MIN)
+    failing = int(agreed[0])
+    failed = None if failing == comm.size else (failing, comm.bcast(problem, root=failing))
+    return failed, agreed[1:]
+
+
 class Layout:
     """Which rank hosts which logical clients.
 
@@ -48,12 +62,7 @@ class Layout:
 
     def __init__(self, n_clients: int, comm: MPI.Comm | None = None):
         comm = MPI.COMM_WORLD if comm is None else comm
-        if n_clients < comm.size:
-            raise ConfigError(
-                "clients",
-                f"{n_clients} clients cannot fill {comm.size} MPI ranks: "
-                f"use at least as many clients as ranks (each rank hosts a block of >= 1 client)",
-            )
+        fills_ranks("clients", n_clients, comm.size)
         self.comm = comm
         self.n_clients = n_clients
         self.rank = comm.rank
@@ -135,16 +144,14 @@ class Network:
         """Collective: raise ``ValueError`` on every rank if any rank found a ``problem``
         (the lowest such rank's message), or if a value in ``same`` differs between the ranks
         that have one (None: nothing to compare on this rank). One small all-reduce."""
-        lay, big = self.layout, np.iinfo(np.int64).max
+        big = np.iinfo(np.int64).max
         same = same or {}
         values = [big if v is None else v for v in same.values()] + [big if v is None else -v for v in same.values()]
-        agreed = np.array([lay.rank if problem else lay.size, *values], np.int64)
-        self.comm.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MIN)
-        failing = int(agreed[0])
-        if failing < lay.size:
-            raise ValueError(f"rank {failing}: {self.comm.bcast(problem, root=failing)}")
+        failed, agreed = first_problem(self.comm, problem if problem else None, values)
+        if failed is not None:
+            raise ValueError(f"rank {failed[0]}: {failed[1]}")
         k = len(same)
-        for name, lo, minus_hi in zip(same, agreed[1 : 1 + k], agreed[1 + k :]):
+        for name, lo, minus_hi in zip(same, agreed[:k], agreed[k:]):
             if lo != big and lo != -minus_hi:
                 raise ValueError(f"{name} differs between ranks ({lo} and {-minus_hi}): it must be the same on every rank")
 

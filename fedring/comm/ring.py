@@ -20,6 +20,8 @@ ranks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from fedring.registry import Registry
@@ -85,14 +87,24 @@ def ring_allreduce(net: Network, rows: np.ndarray) -> np.ndarray:
     return rows
 
 
+@dataclass(frozen=True)
+class RingResult:
+    """What a ring rule's round produced: the ``(d,)`` ``update`` every replica applies, its
+    scalar ``figures`` and per-client ``rows`` (written under ``/ring`` of the results file)."""
+
+    update: np.ndarray
+    figures: dict = field(default_factory=dict)
+    rows: dict = field(default_factory=dict)
+
+
 class RingRule:
-    """Base of the ring rules: ``rule(net, grads)`` returns the ``(d,)`` update every replica applies.
+    """Base of the ring rules: ``rule.aggregate(net, grads)`` runs one round and returns its
+    :class:`RingResult`; ``rule(net, grads)`` returns just the update.
 
     ``grads`` holds the ``(n_local, d)`` rows of this rank's clients (their gradients after
     any attack). ``round`` is set by the caller before each call (rules that draw per round
     key their draws by it); ``centralized`` computes the same update from all ``(n, d)`` rows
-    at once (what aggregator-aware attacks optimise against); ``round_metrics`` and
-    ``round_rows`` report figures of the last round for the results file.
+    at once (what aggregator-aware attacks optimise against).
     """
 
     name = ""
@@ -102,14 +114,14 @@ class RingRule:
     def set_byzantine(self, clients) -> None:
         """The Byzantine clients, for rules whose relays can misbehave."""
 
-    def centralized(self, G: np.ndarray) -> np.ndarray:
+    def aggregate(self, net: Network, grads: np.ndarray) -> RingResult:
         raise NotImplementedError
 
-    def round_metrics(self) -> dict:
-        return {}
+    def __call__(self, net: Network, grads: np.ndarray) -> np.ndarray:
+        return self.aggregate(net, grads).update
 
-    def round_rows(self) -> dict:
-        return {}
+    def centralized(self, G: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
 
 
 @RING_RULES.register
@@ -128,9 +140,9 @@ class RingAllReduce(RingRule):
     def __init__(self, n_clients: int):
         self.n_clients = n_clients
 
-    def __call__(self, net: Network, grads: np.ndarray) -> np.ndarray:
+    def aggregate(self, net: Network, grads: np.ndarray) -> RingResult:
         ring_allreduce(net, grads)
-        return grads[0] / np.float32(self.n_clients)
+        return RingResult(grads[0] / np.float32(self.n_clients))
 
     def centralized(self, G: np.ndarray) -> np.ndarray:
         return G.mean(axis=0)

@@ -3,7 +3,7 @@
 Every random draw of trial ``t`` is keyed by ``t`` (:mod:`fedring.rng`), so trials are
 independent of each other and of how they are batched or spread over ranks. After each batch
 of trials, rank 0 appends one row per trial to ``/calibration`` (and the protocol bytes to
-``/comm``), flushes and checkpoints the number of trials done; ``--resume`` continues with the
+``/comm``), flushes and checkpoints the number of trials done (:class:`fedring.job.Driver`); ``--resume`` continues with the
 next trial and ends with the same file as an uninterrupted run; a stop signal ends the job
 after the current batch (exit 75). The table printed at the end is computed from the rows in
 the file, so a resumed run prints the same table.
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 
 import h5py
 import numpy as np
@@ -34,12 +33,11 @@ from mpi4py import MPI
 
 from fedring.comm import Network
 from fedring.config import Config
-from fedring.results import ResultsFile, resume_point
-from fedring.runtime import EXIT_PREEMPTED, Progress, Watchdog, on_rank0
+from fedring.job import Entry, Recorder
 
 
 class TrialJob:
-    """Base of the conformal tasks' jobs.
+    """Base of the conformal tasks' jobs (a :class:`fedring.job.Job`: one step is a batch of trials).
 
     A subclass sets ``cases`` (one dict per case: ``label``, ``method`` and what tells the
     case apart), ``size_kind``, ``alpha``, ``settings`` (the task's settings dataclass),
@@ -51,6 +49,8 @@ class TrialJob:
     - ``summary(rows)``: the table printed at the end, from ``{field: (trials, cases, ...)}``.
     """
 
+    unit = "trial"
+    checkpoint_every = 1  # every batch
     cases: list[dict]
     size_kind: str
     alpha: float
@@ -61,6 +61,10 @@ class TrialJob:
     def __init__(self, cfg: Config, comm: MPI.Comm, net: Network):
         self.cfg, self.comm, self.net = cfg, comm, net
 
+    @property
+    def total(self) -> int:
+        return self.trials
+
     def run_batch(self, trials: list[int]) -> list[dict] | None:
         raise NotImplementedError
 
@@ -70,55 +74,37 @@ class TrialJob:
     def summary(self, rows: dict[str, np.ndarray]) -> str:
         raise NotImplementedError
 
-    def _open(self, done: int) -> ResultsFile:
-        if self.cfg.resume:
-            results = ResultsFile.reopen(self.cfg.out, done)
-            results.h5.attrs["world_size"] = self.comm.size
-            return results
-        results = ResultsFile.create(self.cfg, self.comm.size, {"n_clients": self.net.n_clients})
-        group = results.h5.require_group("calibration")
-        group.attrs["cases"] = json.dumps(self.cases)
-        group.attrs["size_kind"] = self.size_kind
-        group.attrs["alpha"] = self.alpha
-        group.attrs["settings"] = json.dumps(dataclasses.asdict(self.settings), sort_keys=True)
-        results.write_checkpoint({}, {"round": 0, "wall_seconds": 0.0})
-        return results
+    def file_attrs(self) -> dict:
+        return {"n_clients": self.net.n_clients}
 
-    def run(self, watchdog: Watchdog) -> int:
-        cfg, rank0 = self.cfg, self.comm.rank == 0
-        stored = on_rank0(self.comm, lambda: resume_point(cfg)[1]) if cfg.resume else {"round": 0}
-        done = int(stored["round"])
-        results = self._open(done) if rank0 else None
-        if rank0:
-            watchdog.on_abort.append(results.close)
-        progress = Progress("trial", self.trials, cfg.quiet or not rank0, stored.get("wall_seconds", 0.0), done)
-        while done < self.trials:
-            batch = list(range(done, min(done + self.batch, self.trials)))
-            self.net.ledger.reset()
-            rows = self.run_batch(batch)
-            client_bytes, server_bytes = self.net.gather_ledger()
-            done = batch[-1] + 1
-            if rank0:
-                for t, row in zip(batch, rows):
-                    results.append_round({}, {
-                        "calibration/trial": np.int64(t), **{f"calibration/{k}": v for k, v in row.items()},
-                        "comm/bytes_sent": client_bytes // len(batch),
-                        "comm/server_bytes_sent": np.int64(server_bytes // len(batch)),
-                    }, rounds_completed=t + 1)
-                    progress.line(t + 1, self.describe(row))
-                results.write_checkpoint({}, {"round": done, "wall_seconds": progress.elapsed()})
-            if watchdog.stop_requested() and done < self.trials:
-                if rank0:
-                    results.close("preempted")
-                    print(f"stopped by signal after trial {done}; resume with --resume (results: {cfg.out})", flush=True)
-                return EXIT_PREEMPTED
-        if rank0:
-            stored_rows = {name: ds[()] for name, ds in results.h5["calibration"].items()}
-            results.close("complete")
-            print(self.summary(stored_rows), flush=True)
-            if not cfg.quiet:
-                print(f"results: {cfg.out}", file=sys.stdout, flush=True)
-        return 0
+    def begin(self, recorder: Recorder) -> None:
+        recorder.attrs("calibration", {"cases": json.dumps(self.cases), "size_kind": self.size_kind, "alpha": self.alpha,
+                                       "settings": json.dumps(dataclasses.asdict(self.settings), sort_keys=True)})
+
+    def restore(self, arrays: dict[str, np.ndarray], attrs: dict) -> None:
+        """Nothing to restore: trial ``t`` depends on ``t`` alone."""
+
+    def checkpoint(self) -> tuple[dict[str, np.ndarray], dict]:
+        return {}, {}
+
+    def step(self, done: int, recorder: Recorder) -> int:
+        batch = list(range(done, min(done + self.batch, self.trials)))
+        self.net.ledger.reset()
+        rows = self.run_batch(batch)
+        client_bytes, server_bytes = self.net.gather_ledger()
+        recorder.record(self.entries, batch, rows, client_bytes, server_bytes)
+        return batch[-1] + 1
+
+    def entries(self, batch: list[int], rows: list[dict], client_bytes: np.ndarray, server_bytes: int) -> list[Entry]:
+        """Rank 0: one ``/calibration`` row per trial of ``batch``, the batch's bytes shared equally."""
+        return [Entry(t + 1, {}, {
+            "calibration/trial": np.int64(t), **{f"calibration/{k}": v for k, v in row.items()},
+            "comm/bytes_sent": client_bytes // len(batch),
+            "comm/server_bytes_sent": np.int64(server_bytes // len(batch)),
+        }, self.describe(row)) for t, row in zip(batch, rows)]
+
+    def finish(self, recorder: Recorder) -> None:
+        recorder.summarize("calibration", self.summary)
 
 
 def read_calibration(path) -> tuple[dict, dict[str, np.ndarray]]:

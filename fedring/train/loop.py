@@ -1,101 +1,115 @@
-"""One round of federated training (:func:`train_round`) and a whole run (:func:`train`).
+"""One round of federated training (:func:`train_round`) and the run as a job (:class:`TrainJob`).
 
-Rank 0 streams the results into the run's HDF5 file (:mod:`fedring.results`): one row per
-round, metrics at every evaluation, a checkpoint every ``checkpoint_every`` rounds; a stop
-signal ends the run after the current round with a checkpoint (exit code 75).
+The job's driver (:class:`fedring.job.Driver`) streams the results into the run's HDF5 file
+(:mod:`fedring.results`): one row per round, metrics at every evaluation, a checkpoint every
+``checkpoint_every`` rounds; a stop signal ends the run after the current round with a
+checkpoint (exit code 75).
 """
 
 from __future__ import annotations
 
-import sys
+from dataclasses import dataclass
 
 import numpy as np
 
 from fedring.aggregators import nonfinite_rows
-from fedring.results import ResultsFile
-from fedring.runtime import EXIT_PREEMPTED, Progress, Watchdog
+from fedring.job import Entry, Recorder
 
 from .trainer import Trainer
 
 
-def train_round(tr: Trainer, t: int) -> None:
+@dataclass(frozen=True)
+class RoundResult:
+    """What one round produced, on every rank (``selected`` on rank 0 only).
+
+    ``update``: the ``(d,)`` aggregate every replica applied; ``batch_loss``: each of this
+    rank's clients' first batch loss, in a ``(clients,)`` array with zeros elsewhere;
+    ``nonfinite``: which of this rank's uploads held NaN or an infinity (same layout; measured,
+    not sent); ``update_finite``: whether the update was finite; ``selected``: the server
+    rule's weight per client (None on the ring and for rules that report none); ``figures``
+    and ``rows``: the ring rule's scalars and per-client rows (``/ring``).
+    """
+
+    update: np.ndarray
+    batch_loss: np.ndarray
+    nonfinite: np.ndarray
+    update_finite: bool
+    selected: np.ndarray | None
+    figures: dict
+    rows: dict
+
+
+def train_round(tr: Trainer, t: int) -> RoundResult:
     """Round ``t``: clients compute updates, Byzantine ones attack, the topology aggregates, all apply."""
     tr.net.ledger.reset()
-    tr.batch_loss[:] = 0.0
+    batch_loss = np.zeros(tr.cfg.clients)
     for k, client in enumerate(tr.layout.local_clients):
-        tr.batch_loss[client] = tr.client_gradient(k, t, tr.grads[k])
+        batch_loss[client] = tr.client_gradient(k, t, tr.grads[k])
     reference = tr.reference_gradient()  # the server's clean-data gradient, for the rules that need one
     tr.adversary.attack_model(tr.grads, t, reference)
-    tr.nonfinite[:] = 0  # measured, not sent: which uploads hold NaN or an infinity
-    tr.nonfinite[tr.layout.lo : tr.layout.hi] = nonfinite_rows(tr.grads)
+    nonfinite = np.zeros(tr.cfg.clients, np.uint8)
+    nonfinite[tr.layout.lo : tr.layout.hi] = nonfinite_rows(tr.grads)
     with np.errstate(invalid="ignore", over="ignore"):  # non-finite uploads are recorded instead
-        update = tr.topology.aggregate(tr.grads, t, reference)
-    tr.update_finite = bool(np.isfinite(update).all())
-    tr.apply(update, t)
+        agg = tr.topology.aggregate(tr.grads, t, reference)
+    update_finite = bool(np.isfinite(agg.update).all())
+    tr.apply(agg.update, t)
+    return RoundResult(agg.update, batch_loss, nonfinite, update_finite, agg.selected, agg.figures, agg.rows)
 
 
-def open_results(tr: Trainer) -> ResultsFile:
-    cfg = tr.cfg
-    if cfg.resume:
-        return ResultsFile.reopen(cfg.out, tr.start_round)
-    results = ResultsFile.create(cfg, tr.comm.size, {"n_clients": cfg.clients, "n_parameters": tr.d})
-    results.write("byzantine/clients", tr.byzantine)
-    # round 0 checkpoint: a run that dies before its first checkpoint still resumes
-    results.write_checkpoint(tr.checkpoint_arrays(), {"round": 0, "bytes_sent_total": 0, "wall_seconds": 0.0})
-    return results
+class TrainJob:
+    """The training run as a :class:`fedring.job.Job`: one step is one round."""
 
+    unit = "round"
 
-def train(tr: Trainer, watchdog: Watchdog) -> int:
-    """Run (or resume) a whole training job; rank 0 streams results into ``cfg.out``."""
-    cfg, comm, rank0 = tr.cfg, tr.comm, tr.comm.rank == 0
-    results = open_results(tr) if rank0 else None
-    if rank0:
-        results.h5.attrs["world_size"] = comm.size
-        watchdog.on_abort.append(results.close)
-    progress = Progress("round", cfg.rounds, cfg.quiet or not rank0, tr.resumed.get("wall_seconds", 0.0), tr.start_round)
-    total_bytes = int(tr.resumed.get("bytes_sent_total", 0))
-    for t in range(tr.start_round, cfg.rounds):
-        train_round(tr, t)
-        rnd = t + 1
+    def __init__(self, tr: Trainer):
+        self.tr = tr
+        self.total, self.checkpoint_every = tr.cfg.rounds, tr.cfg.checkpoint_every
+        self.bytes_sent_total = 0  # rank 0's count (the ledgers are gathered there)
+
+    def file_attrs(self) -> dict:
+        return {"n_clients": self.tr.cfg.clients, "n_parameters": self.tr.d}
+
+    def begin(self, recorder: Recorder) -> None:
+        recorder.write("byzantine/clients", self.tr.byzantine)
+
+    def restore(self, arrays: dict[str, np.ndarray], attrs: dict) -> None:
+        self.tr.restore(arrays)
+        self.bytes_sent_total = int(attrs.get("bytes_sent_total", 0))
+
+    def checkpoint(self) -> tuple[dict[str, np.ndarray], dict]:
+        return self.tr.checkpoint_arrays(), {"bytes_sent_total": self.bytes_sent_total}
+
+    def step(self, t: int, recorder: Recorder) -> int:
+        """Round ``t``, its measurements gathered on rank 0 and, at an evaluation, the test scores."""
+        tr, rnd = self.tr, t + 1
+        result = train_round(tr, t)
         client_bytes, server_bytes = tr.net.gather_ledger()
-        nonfinite = tr.net.sum_to_server(tr.nonfinite)
-        extra_metrics = tr.topology.round_metrics()
-        rows = tr.topology.round_rows()
-        rows.update({f"brace/{name}": value for name, value in extra_metrics.items()})  # every round
-        evaluated = rnd % cfg.eval_every == 0 or rnd == cfg.rounds
-        scores = tr.evaluate() if evaluated else {}
-        train_loss = tr.mean_batch_loss() if evaluated else None
-        if rank0:
-            total_bytes += int(client_bytes.sum())
-            rows = {**rows, "comm/bytes_sent": client_bytes, "comm/server_bytes_sent": np.int64(server_bytes),
-                    "aggregation/nonfinite": nonfinite, "aggregation/nonfinite_update": np.uint8(not tr.update_finite)}
-            if tr.topology.selected is not None:
-                rows["aggregation/selected"] = tr.topology.selected
-            metrics = {}
-            if evaluated:
-                metrics = {
-                    "round": rnd, **scores, "train_loss": train_loss,
-                    "bytes_sent": int(client_bytes.sum()), "bytes_sent_total": total_bytes,
-                    "server_bytes_sent": server_bytes, "wall_seconds": progress.elapsed(),
-                    "lr": tr.lr_at(t), "weight_mean_change": tr.weight_mean_change(), **extra_metrics,
-                }
-            results.append_round(metrics, rows, rounds_completed=rnd)
-            if evaluated:
-                progress.line(rnd, f"test_acc {scores['test_accuracy']:.4f}  bytes_sent_total {total_bytes / 1e6:,.1f} MB")
-        stopping = watchdog.stop_requested() and rnd < cfg.rounds
-        if rank0 and (rnd % cfg.checkpoint_every == 0 or stopping):
-            results.write_checkpoint(
-                tr.checkpoint_arrays(),
-                {"round": rnd, "bytes_sent_total": total_bytes, "wall_seconds": progress.elapsed()},
-            )
-        if stopping:
-            if rank0:
-                results.close("preempted")
-                print(f"stopped by signal after round {rnd}; resume with --resume (results: {cfg.out})", flush=True)
-            return EXIT_PREEMPTED
-    if rank0:
-        results.write("model/final", tr.w)
-        results.close("complete")
-        if not cfg.quiet:
-            print(f"results: {cfg.out}", file=sys.stdout, flush=True)
-    return 0
+        nonfinite = tr.net.sum_to_server(result.nonfinite)
+        evaluated = rnd % tr.cfg.eval_every == 0 or rnd == tr.cfg.rounds
+        scores = {**tr.evaluate(), "train_loss": tr.mean_batch_loss(result.batch_loss)} if evaluated else None
+        recorder.record(self.entries, t, result, client_bytes, server_bytes, nonfinite, scores, recorder.elapsed())
+        return rnd
+
+    def entries(self, t: int, result: RoundResult, client_bytes: np.ndarray, server_bytes: int, nonfinite: np.ndarray,
+                scores: dict | None, elapsed: float) -> list[Entry]:
+        """Rank 0: round ``t``'s rows, and its metrics when it was evaluated (``scores``)."""
+        tr, figures = self.tr, result.figures
+        self.bytes_sent_total += int(client_bytes.sum())
+        rows = {**{f"ring/{name}": value for name, value in {**result.rows, **figures}.items()},
+                "comm/bytes_sent": client_bytes, "comm/server_bytes_sent": np.int64(server_bytes),
+                "aggregation/nonfinite": nonfinite, "aggregation/nonfinite_update": np.uint8(not result.update_finite)}
+        if result.selected is not None:
+            rows["aggregation/selected"] = result.selected
+        if scores is None:
+            return [Entry(t + 1, {}, rows)]
+        metrics = {
+            "round": t + 1, **scores,
+            "bytes_sent": int(client_bytes.sum()), "bytes_sent_total": self.bytes_sent_total,
+            "server_bytes_sent": server_bytes, "wall_seconds": elapsed,
+            "lr": tr.lr_at(t), "weight_mean_change": tr.weight_mean_change(), **figures,
+        }
+        line = f"test_acc {scores['test_accuracy']:.4f}  bytes_sent_total {self.bytes_sent_total / 1e6:,.1f} MB"
+        return [Entry(t + 1, metrics, rows, line)]
+
+    def finish(self, recorder: Recorder) -> None:
+        recorder.write("model/final", self.tr.w)

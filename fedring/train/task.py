@@ -82,8 +82,8 @@ class TrainTask(Task):
 
     name = "train"
 
-    @staticmethod
-    def validate(cfg: Config, world_size: int) -> None:
+    def __init__(self, cfg: Config, world_size: int):
+        super().__init__(cfg, world_size)
         check.choice("topology", cfg.topology, TOPOLOGIES)
         DATASETS.get(cfg.dataset, "dataset")
         check.choice("partition", cfg.partition, PARTITIONS)
@@ -97,8 +97,7 @@ class TrainTask(Task):
         check.integer("threads", cfg.threads, lo=1, hi=MAX_THREADS)
         if cfg.model == "cnn":  # the default model: the one that fits the data set's images
             cfg.model = DATASETS[cfg.dataset].model
-        if cfg.clients < world_size:
-            raise ConfigError("clients", f"{cfg.clients} clients on {world_size} MPI ranks: need clients >= ranks (K >= N)")
+        check.fills_ranks("clients", cfg.clients, world_size)
         for key in ("rounds", "batch_size", "local_steps", "eval_every", "checkpoint_every", "server_samples"):
             check.integer(key, getattr(cfg, key), lo=1)
         check.choice("byzantine_select", cfg.byzantine_select, ("random", "first"))
@@ -115,17 +114,16 @@ class TrainTask(Task):
             raise ConfigError("noniid", f"Dirichlet alpha must be > 0, got {cfg.noniid}")
         check_components(cfg)
 
-    @staticmethod
-    def default_out(cfg: Config) -> str:
+    def default_out(self) -> str:
+        cfg = self.cfg
         attack = "" if cfg.attack == "none" else f"-{cfg.attack}"
         return f"results/{cfg.topology}-{cfg.aggregator}{attack}-{cfg.dataset}-n{cfg.clients}-seed{cfg.seed}.h5"
 
-    @staticmethod
-    def steps(cfg: Config) -> tuple[int, str]:
-        return cfg.rounds, "rounds"
+    def steps(self) -> tuple[int, str]:
+        return self.cfg.rounds, "rounds"
 
-    @staticmethod
-    def banner(cfg: Config, world_size: int) -> str:
+    def banner(self, world_size: int) -> str:
+        cfg = self.cfg
         b = byzantine_count(cfg)
         rule = cfg.aggregator + (f" ({cfg.section('brace').get('rule', 'paper')} rule)" if cfg.aggregator == "brace" else "")
         if cfg.pre_aggregators:
@@ -136,8 +134,10 @@ class TrainTask(Task):
                 f"{'s' if world_size > 1 else ''}{attack}; {cfg.dataset}, {cfg.rounds} rounds, lr {cfg.lr:g}{schedule}, "
                 f"seed {cfg.seed} -> {cfg.out}")
 
-    @staticmethod
-    def prepare(cfg: Config, comm):
-        from .trainer import Trainer  # torch is imported only now
+    def prepare(self, comm):
+        from fedring.job import Driver
 
-        return Trainer(cfg, comm)
+        from .loop import TrainJob  # torch is imported only now
+        from .trainer import Trainer
+
+        return Driver(TrainJob(Trainer(self.cfg, comm)), self.cfg, comm)

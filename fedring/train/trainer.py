@@ -1,5 +1,5 @@
 """The state of a training run on one rank: its clients' data, the model replica, the topology
-(ring rule or server rule) and the adversary. One round is :func:`fedring.train.loop.train_round`.
+(:mod:`fedring.train.topology`) and the adversary. One round is :func:`fedring.train.loop.train_round`.
 
 Determinism: every random draw comes from :func:`fedring.rng.generator`, keyed by the seed,
 the client (or the run), the round and the purpose, and the model is initialised from
@@ -16,20 +16,16 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS, make_aggregator
 from fedring.attacks import AttackContext, Backdoor, DataAttack, make_attack
 from fedring.comm import Layout, Network
-from fedring.comm.ring import RING_RULES
 from fedring.config import Config, byzantine_count, defence_f
 from fedring.datasets import DATASETS
-from fedring.errors import ConfigError
-from fedring.results import resume_point
 from fedring.rng import Stream, generator
-from fedring.runtime import on_rank0
 
 from .data import FederatedData, Shard
 from .models import flat_grad_into, flatten, load_flat, make_model
 from .schedules import make_schedule
+from .topology import RingTopology, ServerTopology, make_topology
 
 EVAL_BATCH = 500
 
@@ -42,68 +38,13 @@ def byzantine_clients(cfg: Config) -> np.ndarray:
     return np.sort(generator(cfg.seed, Stream.BYZANTINE).choice(cfg.clients, count, replace=False))
 
 
-class Topology:
-    """How the clients' gradients become the update every replica applies: a ring rule over
-    the logical ring, or a server rule on rank 0."""
-
-    def __init__(self, cfg: Config, net: Network, byzantine: np.ndarray, d: int):
-        self.cfg, self.net, self.d = cfg, net, d
-        n, f = cfg.clients, defence_f(cfg)
-        self.ring = self.rule = None
-        self.state: dict[str, np.ndarray] = {}
-        self.selected = None
-        if cfg.topology == "ring":
-            self.ring = RING_RULES.build(cfg.aggregator, cfg.section(cfg.aggregator), key="aggregator",
-                                         n_clients=n, seed=cfg.seed)
-            self.ring.set_byzantine(byzantine)
-        else:
-            # the rule's section, and the sections of the components it may use (pre-aggregators, H+'s base)
-            params = {**cfg.section(cfg.aggregator),
-                      **{k: v for k, v in cfg.sections.items() if k in PRE_AGGREGATORS or k in AGGREGATORS}}
-            params.pop(cfg.aggregator, None)
-            self.rule = make_aggregator(cfg.aggregator, f, params, pre=cfg.pre_aggregators)
-            reason = self.rule.check(n)
-            if reason is not None:
-                raise ConfigError("aggregator", reason)
-            if net.layout.rank == 0:
-                self.state = self.rule.init_state(n, d)
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.rule is not None and self.rule.needs_reference
-
-    def reference_rule(self, X: np.ndarray, reference: np.ndarray | None = None) -> np.ndarray:
-        """The rule applied centrally to all rows (what aggregator-aware attacks optimise against)."""
-        if self.ring is not None:
-            return self.ring.centralized(X)
-        return self.rule.aggregate(X, state=None, reference=reference, rng=np.random.default_rng(0)).vector
-
-    def aggregate(self, grads: np.ndarray, t: int, reference: np.ndarray | None) -> np.ndarray:
-        if self.ring is not None:
-            self.ring.round = t  # relay attacks draw per round: keeps --resume exact
-            return self.ring(self.net, grads)
-        stacked = self.net.gather_to_server(grads, "uplink")
-        vec = None
-        if stacked is not None:
-            rng = generator(self.cfg.seed, Stream.AGGREGATOR, step=t)
-            result = self.rule.aggregate(stacked, state=self.state, reference=reference, rng=rng)
-            vec, self.selected = result.vector, result.selected
-        return self.net.broadcast_from_server(vec, "downlink", (self.d,), np.float32)
-
-    def round_metrics(self) -> dict:
-        """The ring rule's figures of the last round (BRACE's formula bytes, ± fractions ...)."""
-        return self.ring.round_metrics() if self.ring is not None else {}
-
-    def round_rows(self) -> dict:
-        return self.ring.round_rows() if self.ring is not None else {}
-
-
 class Adversary:
     """The Byzantine clients' attack; omniscient and colluding attacks learn the other
     clients' updates through an explicit side channel (ledger phase ``adversary``), whose
     bytes are never counted as protocol traffic."""
 
-    def __init__(self, cfg: Config, net: Network, byzantine: np.ndarray, topology: Topology, lr_at):
+    def __init__(self, cfg: Config, net: Network, byzantine: np.ndarray, topology: RingTopology | ServerTopology,
+                 lr_at):
         self.cfg, self.net, self.topology, self.lr_at = cfg, net, topology, lr_at
         self.byzantine = byzantine
         self.is_byzantine = np.zeros(cfg.clients, bool)
@@ -143,14 +84,6 @@ class Adversary:
         grads[local] = mine
 
 
-def stored_checkpoint(cfg: Config) -> dict:
-    """The checkpoint ``--resume`` continues from: ``w``, the aggregator ``state`` and counters
-    (the checks are :func:`fedring.results.resume_point`'s)."""
-    arrays, attrs = resume_point(cfg)
-    return {"w": arrays["w"], "state": {k[len("state_"):]: np.array(v) for k, v in arrays.items() if k.startswith("state_")},
-            **attrs}
-
-
 class Trainer:
     """The state of one run on one rank: its clients' data, the model replica, the network."""
 
@@ -165,39 +98,23 @@ class Trainer:
         self.d = self.w.size
         self.schedule = make_schedule(cfg.lr_schedule, cfg.section(cfg.lr_schedule))
         self.byzantine = byzantine_clients(cfg)
-        self.topology = Topology(cfg, self.net, self.byzantine, self.d)
+        self.topology = make_topology(cfg, self.net, self.byzantine, self.d)
         self.adversary = Adversary(cfg, self.net, self.byzantine, self.topology, self.lr_at)
         self.data = FederatedData(
             cfg.dataset, cfg.data_dir, cfg.clients, self.layout.local_clients, cfg.partition, cfg.noniid, cfg.seed,
             server_samples=cfg.server_samples if self.topology.needs_reference and comm.rank == 0 else 0,
         )
         self.grads = np.empty((self.layout.n_local, self.d), np.float32)
-        self.batch_loss = np.zeros(cfg.clients)
-        self.nonfinite = np.zeros(cfg.clients, np.uint8)
-        self.update_finite = True
-        self.start_round = 0
-        self.resumed: dict = {}
-        if cfg.resume:
-            self._load_checkpoint()
-
-    def _load_checkpoint(self) -> None:
-        """Rank 0 reads and checks the stored run; every rank gets the model and round, or the
-        same ConfigError (a complete file, another config, no checkpoint, an unreadable file)."""
-        ckpt = on_rank0(self.comm, lambda: stored_checkpoint(self.cfg))
-        self.w[:] = ckpt["w"]
-        load_flat(self.model, self.w)
-        self.topology.state.update(ckpt["state"])
-        self.start_round = int(ckpt["round"])
-        self.resumed = ckpt
-
-    def run(self, watchdog) -> int:
-        """The whole run (:func:`fedring.train.loop.train`); the task's job interface."""
-        from .loop import train
-
-        return train(self, watchdog)
 
     def checkpoint_arrays(self) -> dict[str, np.ndarray]:
+        """What a resumed run needs besides the round: the model and the aggregator's state."""
         return {"w": self.w, **{f"state_{k}": v for k, v in self.topology.state.items()}}
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        """Continue from :meth:`checkpoint_arrays` as stored."""
+        self.w[:] = arrays["w"]
+        load_flat(self.model, self.w)
+        self.topology.state.update({k[len("state_"):]: np.array(v) for k, v in arrays.items() if k.startswith("state_")})
 
     def lr_at(self, t: int) -> float:
         """The step size of round ``t``: ``lr`` times the schedule's factor."""
@@ -294,6 +211,8 @@ class Trainer:
             out["attack_success_rate"] = total[3] / max(total[4], 1)
         return out
 
-    def mean_batch_loss(self) -> float:
-        self.comm.Allreduce(MPI.IN_PLACE, self.batch_loss, op=MPI.SUM)
-        return float(self.batch_loss.sum() / self.cfg.clients)
+    def mean_batch_loss(self, batch_loss: np.ndarray) -> float:
+        """Collective: the mean over every client of ``batch_loss`` (each rank fills its clients' entries)."""
+        total = batch_loss.copy()
+        self.comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+        return float(total.sum() / self.cfg.clients)

@@ -40,6 +40,7 @@ from fedring.comm import Layout, Network
 from fedring.config import Config, section_settings
 from fedring.conformal.trials import TrialJob
 from fedring.errors import ConfigError
+from fedring.job import Driver
 from fedring.runtime import on_rank0
 from fedring.tasks import TASKS, Task
 from fedring.validate import choice, integer, real
@@ -327,26 +328,23 @@ class LabelShiftTask(Task):
 
     name = "labelshift"
 
-    @staticmethod
-    def validate(cfg: Config, world_size: int) -> None:
+    def __init__(self, cfg: Config, world_size: int):
+        super().__init__(cfg, world_size)
         for section in cfg.sections:
             if section != "labelshift":
                 raise check.unknown(section, "settings section of task labelshift", section, ["labelshift"])
-        settings = settings_of(cfg)
-        if settings.experiment == "gaussians":  # the logits experiment's agents are known once its file is read
-            check_agents(settings, "gaussians", GaussianExperiment.n_agents, world_size)
+        self.settings = settings_of(cfg)
+        if self.settings.experiment == "gaussians":  # the logits experiment's agents are known once its file is read
+            check_agents(self.settings, "gaussians", GaussianExperiment.n_agents, world_size)
 
-    @staticmethod
-    def default_out(cfg: Config) -> str:
-        return f"results/labelshift-{settings_of(cfg).experiment}-s{cfg.seed}.h5"
+    def default_out(self) -> str:
+        return f"results/labelshift-{self.settings.experiment}-s{self.cfg.seed}.h5"
 
-    @staticmethod
-    def steps(cfg: Config) -> tuple[int, str]:
-        return settings_of(cfg).trials, "trials"
+    def steps(self) -> tuple[int, str]:
+        return self.settings.trials, "trials"
 
-    @staticmethod
-    def banner(cfg: Config, world_size: int) -> str:
-        s = settings_of(cfg)
+    def banner(self, world_size: int) -> str:
+        cfg, s = self.cfg, self.settings
         agents = f"{GaussianExperiment.n_agents} agents" if s.experiment == "gaussians" else "one agent per class"
         fed = variants(s.methods, s.epsilon, s.sigma_g)
         names = [*(m for m in BASELINES if m in s.methods), *(v.name for v in fed)]
@@ -354,13 +352,12 @@ class LabelShiftTask(Task):
                 f"{'s' if world_size > 1 else ''}; methods {', '.join(names)}; {s.trials} trials, seed {cfg.seed} "
                 f"-> {cfg.out}")
 
-    @staticmethod
-    def prepare(cfg: Config, comm: MPI.Comm) -> LabelShiftJob:
-        settings = settings_of(cfg)
+    def prepare(self, comm: MPI.Comm) -> Driver:
+        cfg, settings = self.cfg, self.settings
         exp = build_experiment(settings, cfg.seed, comm)
         targets = check_agents(settings, exp.name, exp.n_agents, comm.size)
         settings.targets = [t + 1 for t in targets]  # stored resolved with the results
-        return LabelShiftJob(cfg, comm, Network(Layout(exp.n_agents, comm)), settings, exp, targets)
+        return Driver(LabelShiftJob(cfg, comm, Network(Layout(exp.n_agents, comm)), settings, exp, targets), cfg, comm)
 
 
 def main(argv: list[str]) -> int:

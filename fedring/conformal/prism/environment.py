@@ -18,7 +18,7 @@ import numpy as np
 from fedring.rng import Stream, generator
 
 if TYPE_CHECKING:
-    from .task import PrismSettings
+    from .settings import PrismSettings
     from .uci import Superconductivity
 
 
@@ -56,7 +56,7 @@ def synthetic_environment(s: PrismSettings, seed: int, trial: int, lo: int, hi: 
     U(input_var)``, ``y = w*^T x + nu``, ``nu ~ N(0, sigma_k^2)``, ``sigma_k^2 ~
     U(noise_var)``; one fresh sample per iteration, then the calibration and test samples.
 
-    >>> from fedring.conformal.prism.task import settings
+    >>> from fedring.conformal.prism.settings import settings
     >>> env = synthetic_environment(settings(clients=4, byzantine=1, participants=2, dim=3, shared=1,
     ...                                      iterations=5, calib_samples=2, test_samples=2), 0, 0, 1, 3)
     >>> env.x_train.shape, env.x_cal.shape, int(env.byzantine.sum()), round(float(np.linalg.norm(env.w_star)), 12)

@@ -16,13 +16,12 @@ evaluates every client's test data. ``docs/prism-fcp.md`` discusses both.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
 
 from fedring.comm import Layout, Network
-from fedring.config import Config, section_settings
+from fedring.config import Config
 from fedring.conformal.split import split_conformal_quantile
 from fedring.conformal.trials import TrialJob
 from fedring.rng import Stream, generator
@@ -31,12 +30,9 @@ from .attacks import CalibrationAttack, make_calib_attack
 from .calibration import characterization_vectors, filter_clients
 from .environment import Environment, environment
 from .psofed import participants, sent_bytes, train_psofed
-
-if TYPE_CHECKING:
-    from .task import PrismSettings
+from .settings import TABLE_ATTACKS, PrismSettings
 
 METHOD_LABEL = {"prism": "PRISM-FCP", "robfcp": "Rob-FCP", "fcp": "FCP"}
-TABLE_ATTACKS = ("efficiency", "coverage", "random")
 
 #: Table I of the paper (synthetic): (attack, method) -> (coverage %, std, width, std).
 PAPER_TABLE_I = {
@@ -318,10 +314,7 @@ class PrismJob(TrialJob):
     size_kind = "interval width"
     settings: PrismSettings
 
-    def __init__(self, cfg: Config, comm: MPI.Comm):
-        from .task import PrismSettings
-
-        s = section_settings(PrismSettings, "prism", cfg.section("prism"))
+    def __init__(self, cfg: Config, comm: MPI.Comm, s: PrismSettings):
         super().__init__(cfg, comm, Network(Layout(s.clients, comm)))
         self.settings, self.alpha, self.trials = s, s.alpha, s.trials
         self.cases = table_cases(s) if s.table else [single_case(s)]

@@ -32,7 +32,7 @@ from fedring.rng import Stream, generator
 
 if TYPE_CHECKING:
     from .environment import Environment
-    from .task import PrismSettings
+    from .settings import PrismSettings
 
 #: how a Byzantine client's corruption stays in its own model: not at all, in the shared
 #: coordinates it sent, or the whole noise vector
