@@ -168,9 +168,8 @@ def worker(args: argparse.Namespace) -> int:
         d = 2**e
         impls = comm_impls(net, comm, d, variants, server=True)
         chosen = {op: impls[op] for op in args.op_list}
-        for op in chosen:
+        for op, (prepare, fn, _) in list(chosen.items()):
             if op != "native":
-                prepare, fn, _ = chosen[op]
                 chosen[op] = (prepare, fn, lambda op=op: ledger_links(net.ledger, PHASES[op], node_of))
         for op, (prepare, fn, _) in chosen.items():  # a warm-up run: connections, buffers, page faults
             prepare()
@@ -209,14 +208,17 @@ def print_record(r: dict, header: bool) -> None:
           f"{'-' if not ledger else f'{link / ledger:.4f}':>12}", flush=True)
 
 
+def _abort_job(*exc_info) -> None:
+    """Any exception on any rank of the job ends the whole job (no rank waits for a dead peer)."""
+    import traceback
+
+    from mpi4py import MPI
+
+    traceback.print_exception(*exc_info)
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(1)
+
+
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except Exception:
-        from mpi4py import MPI  # any exception on any rank ends the whole job
-
-        import traceback
-
-        traceback.print_exc()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+    sys.excepthook = _abort_job
+    sys.exit(main(sys.argv[1:]))
