@@ -10,6 +10,8 @@ This module imports no torch.
 
 from __future__ import annotations
 
+import os
+import time
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -21,6 +23,33 @@ from fedring.errors import ConfigError
 #: Ledger phases that are not part of the protocol under study (the adversary's side
 #: channel): counted, but never added into ``bytes_sent``.
 SIDE_CHANNELS = frozenset({"adversary"})
+
+#: How a rank waits for its point-to-point messages (environment ``FEDRING_WAIT``): ``sleep``
+#: tests them and sleeps between tests (10 us, doubling up to :data:`MAX_PAUSE`), leaving the
+#: core to the ranks that share it while the kernel moves the bytes; ``spin`` lets MPI poll.
+WAIT_POLICIES = ("sleep", "spin")
+MAX_PAUSE = 2e-4
+#: Ring chunks travel in segments of this many bytes (environment ``FEDRING_SEGMENT_BYTES``;
+#: 0: whole chunks), so that each segment is reduced while the next ones are on the wire.
+SEGMENT_BYTES = 1 << 20
+
+
+def wait_policy(value: str | None = None) -> str:
+    """The wait policy: ``value``, else ``FEDRING_WAIT``, else ``sleep``."""
+    value = value or os.environ.get("FEDRING_WAIT") or WAIT_POLICIES[0]
+    if value not in WAIT_POLICIES:
+        raise ConfigError("FEDRING_WAIT", f"must be one of {', '.join(WAIT_POLICIES)}, got {value!r}")
+    return value
+
+
+def segment_bytes(value: int | None = None) -> int:
+    """Bytes per ring segment: ``value``, else ``FEDRING_SEGMENT_BYTES``, else :data:`SEGMENT_BYTES`."""
+    if value is None:
+        text = os.environ.get("FEDRING_SEGMENT_BYTES", str(SEGMENT_BYTES))
+        value = int(text) if text.isdigit() else -1
+    if value < 0:
+        raise ConfigError("FEDRING_SEGMENT_BYTES", "must be a number of bytes >= 0 (0: whole chunks)")
+    return value
 
 
 def block_bounds(total: int, parts: int) -> np.ndarray:
@@ -118,14 +147,47 @@ class Network:
     """Moves numpy buffers between logical clients and records them in a :class:`Ledger`.
 
     Uses a private duplicate of the layout's communicator, so fedring's messages can never
-    match a user's.
+    match a user's. ``wait`` and ``segment`` set how it waits for messages and how it cuts ring
+    chunks (:func:`wait_policy`, :func:`segment_bytes`); neither changes a result or a byte count.
     """
 
-    def __init__(self, layout: Layout, ledger: Ledger | None = None):
+    def __init__(self, layout: Layout, ledger: Ledger | None = None, wait: str | None = None,
+                 segment: int | None = None):
         self.layout = layout
         self.ledger = Ledger(layout.n_clients) if ledger is None else ledger
+        self.wait, self.segment = wait_policy(wait), segment_bytes(segment)
         self.comm = layout.comm.Dup()
         self._scratch = np.empty(0, np.uint8)
+
+    def complete(self, requests: list[MPI.Request]) -> None:
+        """Wait for ``requests`` under the wait policy."""
+        if self.wait == "spin":
+            MPI.Request.Waitall(requests)
+            return
+        pause = 1e-5
+        while not MPI.Request.Testall(requests):
+            time.sleep(pause)
+            pause = min(2 * pause, MAX_PAUSE)
+
+    def _exchange(self, outgoing: np.ndarray, incoming: np.ndarray,
+                  arrived: Callable[[slice], None] | None = None) -> None:
+        """Send ``outgoing`` to the next rank while ``incoming`` comes from the previous one, in
+        segments; ``arrived(seg)`` handles each received segment while later ones are still on
+        the wire. Both sides cut a chunk alike: ranks exchange chunks of the same size."""
+        lay = self.layout
+        per = max(1, self.segment // incoming.itemsize) if self.segment else max(1, incoming.size)
+        cuts = [slice(s, s + per) for s in range(0, max(incoming.size, 1), per)]
+        recvs = [self.comm.Irecv(incoming[c], source=(lay.rank - 1) % lay.size) for c in cuts]
+        per = max(1, self.segment // outgoing.itemsize) if self.segment else max(1, outgoing.size)
+        sends = [self.comm.Isend(outgoing[s : s + per], dest=(lay.rank + 1) % lay.size)
+                 for s in range(0, max(outgoing.size, 1), per)]
+        if arrived is None:
+            self.complete(recvs + sends)
+            return
+        for cut, request in zip(cuts, recvs):
+            self.complete([request])
+            arrived(cut)
+        self.complete(sends)
 
     @property
     def n_clients(self) -> int:
@@ -214,12 +276,13 @@ class Network:
         if lay.size > 1:
             outgoing = chunk(last - lay.lo, chunk_of(last))
             c_in = chunk_of((first - 1) % n)
-            incoming = self._recv_buffer(rows, int(bounds[c_in + 1] - bounds[c_in]))
-            self.comm.Sendrecv(
-                outgoing, dest=(lay.rank + 1) % lay.size, recvbuf=incoming, source=(lay.rank - 1) % lay.size
-            )
+            mine = chunk(0, c_in)
+            if combine is None:  # straight into place: the chunk sent is never the one received
+                self._exchange(outgoing, mine)
+            else:
+                incoming = self._recv_buffer(rows, mine.size)
+                self._exchange(outgoing, incoming, lambda seg: combine(mine[seg], incoming[seg]))
             self.ledger.add(last, phase, outgoing.nbytes)
-            deliver(chunk(0, c_in), incoming)
         for i in range(first, last + (lay.size == 1)):
             j = (i + 1) % n
             payload = chunk(i - first, chunk_of(i))
@@ -242,14 +305,14 @@ class Network:
             self.ledger.add(int(client), phase, local[k].nbytes)
         if lay.rank != 0:
             if len(mine):
-                self.comm.Send(local, dest=0)
+                self.complete([self.comm.Isend(local, dest=0)])
             return None
         offsets = np.concatenate([[0], np.cumsum(counts)])
         out = np.empty((int(offsets[-1]), *local.shape[1:]), local.dtype)
         out[: len(mine)] = local
         requests = [self.comm.Irecv(out[offsets[r] : offsets[r + 1]], source=r)
                     for r in range(1, lay.size) if counts[r]]
-        MPI.Request.Waitall(requests)
+        self.complete(requests)
         return out
 
     def broadcast_from_server(self, vec: np.ndarray | None, phase: str, shape, dtype) -> np.ndarray:
@@ -266,10 +329,10 @@ class Network:
         if lay.rank == 0:
             vec = np.ascontiguousarray(vec, dtype=dtype).reshape(shape)
             self.ledger.add_server(phase, vec.nbytes * self.n_clients)
-            MPI.Request.Waitall([self.comm.Isend(vec, dest=r) for r in range(1, lay.size)])
+            self.complete([self.comm.Isend(vec, dest=r) for r in range(1, lay.size)])
             return vec
         out = np.empty(shape, dtype)
-        self.comm.Recv(out, source=0)
+        self.complete([self.comm.Irecv(out, source=0)])
         return out
 
     def scatter_from_server(self, rows: np.ndarray | None, clients: np.ndarray, phase: str, shape, dtype) -> np.ndarray:
@@ -292,11 +355,11 @@ class Network:
                 theirs = np.flatnonzero(owners == r)
                 if len(theirs):
                     requests.append(self.comm.Isend(np.ascontiguousarray(rows[theirs]), dest=r))
-            MPI.Request.Waitall(requests)
+            self.complete(requests)
             return rows[mine]
         out = np.empty((len(mine), *shape), dtype)
         if len(mine):
-            self.comm.Recv(out, source=0)
+            self.complete([self.comm.Irecv(out, source=0)])
         return out
 
     def sum_to_server(self, values: np.ndarray) -> np.ndarray | None:
