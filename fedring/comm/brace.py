@@ -399,11 +399,19 @@ class SignVote(RingRule):
         local_byz = [i for i in lay.local_clients if self.byzantine[i]]
 
         counts = self._scratch("counts", grads.shape, self.dtype)
-        quantize(grads, self.sign_zero, self.dtype, out=counts)  # phase I
         if self.check or (self.relay_attack == "bias" and self.byzantine.any()):
+            quantize(grads, self.sign_zero, self.dtype, out=counts)  # phase I
             self._share_reduce_guarded(net, counts, bounds, local_byz)  # phase II
-        else:
-            reduce_scatter(net, counts, bounds, SHARE_REDUCE, check=False)  # phase II
+        else:  # phase I chunk by chunk, each while the partial counts into it travel (phase II)
+            def pieces(k: int, c: int) -> list:
+                g, q = grads[k, bounds[c] : bounds[c + 1]], counts[k, bounds[c] : bounds[c + 1]]
+                return [lambda s=s: quantize(g[s : s + BLOCK], self.sign_zero, self.dtype, out=q[s : s + BLOCK])
+                        for s in range(0, g.size, BLOCK)]
+
+            for k, i in enumerate(lay.local_clients):  # the chunk each client sends first
+                for piece in pieces(k, i):
+                    piece()
+            reduce_scatter(net, counts, bounds, SHARE_REDUCE, check=False, ahead=pieces)
 
         packed = self._scratch("packed", (n_local, int(packing.byte_bounds[-1])), np.uint8)
         pb = packing.byte_bounds

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 from mpi4py import MPI
@@ -170,10 +170,12 @@ class Network:
             pause = min(2 * pause, MAX_PAUSE)
 
     def _exchange(self, outgoing: np.ndarray, incoming: np.ndarray,
-                  arrived: Callable[[slice], None] | None = None) -> None:
+                  arrived: Callable[[slice], None] | None = None, work: Iterable[Callable[[], None]] = ()) -> None:
         """Send ``outgoing`` to the next rank while ``incoming`` comes from the previous one, in
-        segments; ``arrived(seg)`` handles each received segment while later ones are still on
-        the wire. Both sides cut a chunk alike: ranks exchange chunks of the same size."""
+        segments. While they travel: the pieces of ``work``, each followed by a test of the
+        messages (MPI moves bytes only when called); then ``arrived(seg)`` on each received
+        segment while later ones are still on the wire. Both sides cut a chunk alike: ranks
+        exchange chunks of the same size."""
         lay = self.layout
         per = max(1, self.segment // incoming.itemsize) if self.segment else max(1, incoming.size)
         cuts = [slice(s, s + per) for s in range(0, max(incoming.size, 1), per)]
@@ -181,6 +183,9 @@ class Network:
         per = max(1, self.segment // outgoing.itemsize) if self.segment else max(1, outgoing.size)
         sends = [self.comm.Isend(outgoing[s : s + per], dest=(lay.rank + 1) % lay.size)
                  for s in range(0, max(outgoing.size, 1), per)]
+        for piece in work:
+            piece()
+            MPI.Request.Testall(recvs + sends)
         if arrived is None:
             self.complete(recvs + sends)
             return
@@ -247,6 +252,7 @@ class Network:
         chunk_of: Callable[[int], int],
         combine: Callable[[np.ndarray, np.ndarray], None] | None,
         phase: str,
+        ahead: Callable[[int, int], Iterable[Callable[[], None]]] | None = None,
     ) -> None:
         """One synchronous step of a ring protocol over all clients.
 
@@ -277,14 +283,17 @@ class Network:
             outgoing = chunk(last - lay.lo, chunk_of(last))
             c_in = chunk_of((first - 1) % n)
             mine = chunk(0, c_in)
+            work = ahead(0, c_in) if ahead else ()
             if combine is None:  # straight into place: the chunk sent is never the one received
-                self._exchange(outgoing, mine)
+                self._exchange(outgoing, mine, work=work)
             else:
                 incoming = self._recv_buffer(rows, mine.size)
-                self._exchange(outgoing, incoming, lambda seg: combine(mine[seg], incoming[seg]))
+                self._exchange(outgoing, incoming, lambda seg: combine(mine[seg], incoming[seg]), work)
             self.ledger.add(last, phase, outgoing.nbytes)
         for i in range(first, last + (lay.size == 1)):
             j = (i + 1) % n
+            for piece in ahead(j - first, chunk_of(i)) if ahead else ():
+                piece()
             payload = chunk(i - first, chunk_of(i))
             deliver(chunk(j - first, chunk_of(i)), payload)
             self.ledger.add(i, phase, payload.nbytes)

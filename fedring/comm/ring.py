@@ -37,16 +37,17 @@ def _add(mine: np.ndarray, incoming: np.ndarray) -> None:
 
 
 def reduce_scatter(net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "reduce_scatter",
-                   check: bool = True) -> None:
+                   check: bool = True, ahead=None) -> None:
     """In place: afterwards client ``i``'s row holds the ring sum of chunk ``(i + 1) mod n``.
 
-    ``check=False`` skips :meth:`Network.check_rows` for rows the caller made itself.
+    ``check=False`` skips :meth:`Network.check_rows` for rows the caller made itself;
+    ``ahead`` prepares a chunk while the partial sum into it travels (:meth:`Network.ring_step`).
     """
     if check:
         net.check_rows(rows)
     n = net.n_clients
     for s in range(n - 1):
-        net.ring_step(rows, bounds, lambda i: (i - s) % n, _add, phase)
+        net.ring_step(rows, bounds, lambda i: (i - s) % n, _add, phase, ahead)
 
 
 def all_gather(net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "all_gather",
