@@ -15,7 +15,7 @@ while read -r rate nodes ppn sizes wait; do
   name="$rate-${nodes}x$ppn${wait:+-$wait}"
   echo "== $name (sizes 2^{$sizes})" >&2
   python -m fedring bench network --rate "$rate" --nodes "$nodes" --ranks-per-node "$ppn" --sizes "$sizes" \
-    --repeats 3 ${wait:+--wait $wait} --json "$OUT/$name.json"
+    --repeats 3 ${wait:+--wait $wait} --json "$OUT/$name.json" < /dev/null
 done <<'EOF'
 # scalability at 1 Gbit/s: 2, 4, 8 nodes, one and two ranks per node
 1gbit 2 1 20,22,24

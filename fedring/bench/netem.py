@@ -207,7 +207,7 @@ def _head(spec: dict) -> int:
                "-genv", "MPIR_CVAR_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp",
                "-genv", "OMP_NUM_THREADS", "1", "-genv", "OPENBLAS_NUM_THREADS", "1",
                sys.executable, *spec["program"]]
-        job = subprocess.Popen(cmd, start_new_session=True)
+        job = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL)
         try:
             return job.wait(timeout=spec["timeout"])
         except subprocess.TimeoutExpired:

@@ -29,8 +29,9 @@ SIDE_CHANNELS = frozenset({"adversary"})
 #: core to the ranks that share it while the kernel moves the bytes; ``spin`` lets MPI poll.
 WAIT_POLICIES = ("sleep", "spin")
 MAX_PAUSE = 2e-4
-#: Ring chunks travel in segments of this many bytes (environment ``FEDRING_SEGMENT_BYTES``;
-#: 0: whole chunks), so that each segment is reduced while the next ones are on the wire.
+#: Point-to-point messages travel in segments of this many bytes (environment
+#: ``FEDRING_SEGMENT_BYTES``; 0: whole), so that a ring's segment is reduced while the next ones
+#: are on the wire, and MPI has a segment to move at every test of a sleeping wait.
 SEGMENT_BYTES = 1 << 20
 
 
@@ -169,6 +170,20 @@ class Network:
             time.sleep(pause)
             pause = min(2 * pause, MAX_PAUSE)
 
+    def _cuts(self, size: int, itemsize: int) -> list[slice]:
+        """The segments of a buffer of ``size`` items (at least one, maybe empty): sender and
+        receiver cut a message alike."""
+        per = max(1, self.segment // itemsize) if self.segment else max(1, size)
+        return [slice(s, s + per) for s in range(0, max(size, 1), per)]
+
+    def _isend(self, buf: np.ndarray, dest: int) -> list[MPI.Request]:
+        flat = buf.reshape(-1)
+        return [self.comm.Isend(flat[c], dest=dest) for c in self._cuts(flat.size, flat.itemsize)]
+
+    def _irecv(self, buf: np.ndarray, source: int) -> list[MPI.Request]:
+        flat = buf.reshape(-1)
+        return [self.comm.Irecv(flat[c], source=source) for c in self._cuts(flat.size, flat.itemsize)]
+
     def _exchange(self, outgoing: np.ndarray, incoming: np.ndarray,
                   arrived: Callable[[slice], None] | None = None, work: Iterable[Callable[[], None]] = ()) -> None:
         """Send ``outgoing`` to the next rank while ``incoming`` comes from the previous one, in
@@ -177,12 +192,9 @@ class Network:
         segment while later ones are still on the wire. Both sides cut a chunk alike: ranks
         exchange chunks of the same size."""
         lay = self.layout
-        per = max(1, self.segment // incoming.itemsize) if self.segment else max(1, incoming.size)
-        cuts = [slice(s, s + per) for s in range(0, max(incoming.size, 1), per)]
+        cuts = self._cuts(incoming.size, incoming.itemsize)
         recvs = [self.comm.Irecv(incoming[c], source=(lay.rank - 1) % lay.size) for c in cuts]
-        per = max(1, self.segment // outgoing.itemsize) if self.segment else max(1, outgoing.size)
-        sends = [self.comm.Isend(outgoing[s : s + per], dest=(lay.rank + 1) % lay.size)
-                 for s in range(0, max(outgoing.size, 1), per)]
+        sends = self._isend(outgoing, (lay.rank + 1) % lay.size)
         for piece in work:
             piece()
             MPI.Request.Testall(recvs + sends)
@@ -314,13 +326,12 @@ class Network:
             self.ledger.add(int(client), phase, local[k].nbytes)
         if lay.rank != 0:
             if len(mine):
-                self.complete([self.comm.Isend(local, dest=0)])
+                self.complete(self._isend(local, 0))
             return None
         offsets = np.concatenate([[0], np.cumsum(counts)])
         out = np.empty((int(offsets[-1]), *local.shape[1:]), local.dtype)
         out[: len(mine)] = local
-        requests = [self.comm.Irecv(out[offsets[r] : offsets[r + 1]], source=r)
-                    for r in range(1, lay.size) if counts[r]]
+        requests = [q for r in range(1, lay.size) if counts[r] for q in self._irecv(out[offsets[r] : offsets[r + 1]], r)]
         self.complete(requests)
         return out
 
@@ -338,10 +349,10 @@ class Network:
         if lay.rank == 0:
             vec = np.ascontiguousarray(vec, dtype=dtype).reshape(shape)
             self.ledger.add_server(phase, vec.nbytes * self.n_clients)
-            self.complete([self.comm.Isend(vec, dest=r) for r in range(1, lay.size)])
+            self.complete([q for r in range(1, lay.size) for q in self._isend(vec, r)])
             return vec
         out = np.empty(shape, dtype)
-        self.complete([self.comm.Irecv(out, source=0)])
+        self.complete(self._irecv(out, 0))
         return out
 
     def scatter_from_server(self, rows: np.ndarray | None, clients: np.ndarray, phase: str, shape, dtype) -> np.ndarray:
@@ -363,12 +374,12 @@ class Network:
             for r in range(1, lay.size):
                 theirs = np.flatnonzero(owners == r)
                 if len(theirs):
-                    requests.append(self.comm.Isend(np.ascontiguousarray(rows[theirs]), dest=r))
+                    requests += self._isend(np.ascontiguousarray(rows[theirs]), r)
             self.complete(requests)
             return rows[mine]
         out = np.empty((len(mine), *shape), dtype)
         if len(mine):
-            self.complete([self.comm.Irecv(out, source=0)])
+            self.complete(self._irecv(out, 0))
         return out
 
     def sum_to_server(self, values: np.ndarray) -> np.ndarray | None:
