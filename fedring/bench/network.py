@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", default="20,22,24", help="vector sizes as log2 element counts (default 20,22,24)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each op and size (default 3)")
     p.add_argument("--ops", default=",".join(OPS), help=f"which to time (default all: {','.join(OPS)})")
-    p.add_argument("--wait", choices=("sleep", "spin"), help="fedring's wait policy (FEDRING_WAIT; default its default)")
+    p.add_argument("--wait", choices=("sleep", "spin"), help="fedring's wait policy (sets FEDRING_WAIT; default: spin)")
     p.add_argument("--timeout", type=float, help="seconds the MPI job may take (default: from the sizes and rate)")
     p.add_argument("--json", metavar="FILE", help="also write the records as a JSON list")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -185,7 +185,7 @@ def worker(args: argparse.Namespace) -> int:
                 "link_bytes": int(wire[:, 0].sum()),
                 "ledger_bytes": None if ledger is None else int(ledger[:, :, 0].sum()),
                 "busiest_link_bytes": int(wire.max()),
-                "wait": os.environ.get("FEDRING_WAIT", ""),
+                "wait": net.wait,
             })
             if comm.rank == 0:
                 print_record(records[-1], header=len(records) == 1)

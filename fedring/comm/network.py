@@ -24,10 +24,11 @@ from fedring.errors import ConfigError
 #: channel): counted, but never added into ``bytes_sent``.
 SIDE_CHANNELS = frozenset({"adversary"})
 
-#: How a rank waits for its point-to-point messages (environment ``FEDRING_WAIT``): ``sleep``
-#: tests them and sleeps between tests (10 us, doubling up to :data:`MAX_PAUSE`), leaving the
-#: core to the ranks that share it while the kernel moves the bytes; ``spin`` lets MPI poll.
-WAIT_POLICIES = ("sleep", "spin")
+#: How a rank waits for its point-to-point messages (environment ``FEDRING_WAIT``): ``spin``
+#: (the default) lets MPI poll; ``sleep`` tests them and sleeps between tests (10 us, doubling up
+#: to :data:`MAX_PAUSE`), leaving the core to the ranks that share it while the kernel moves the
+#: bytes. docs/figures.md measures both.
+WAIT_POLICIES = ("spin", "sleep")
 MAX_PAUSE = 2e-4
 #: Point-to-point messages travel in segments of this many bytes (environment
 #: ``FEDRING_SEGMENT_BYTES``; 0: whole), so that a ring's segment is reduced while the next ones
@@ -36,7 +37,7 @@ SEGMENT_BYTES = 1 << 20
 
 
 def wait_policy(value: str | None = None) -> str:
-    """The wait policy: ``value``, else ``FEDRING_WAIT``, else ``sleep``."""
+    """The wait policy: ``value``, else ``FEDRING_WAIT``, else ``spin``."""
     value = value or os.environ.get("FEDRING_WAIT") or WAIT_POLICIES[0]
     if value not in WAIT_POLICIES:
         raise ConfigError("FEDRING_WAIT", f"must be one of {', '.join(WAIT_POLICIES)}, got {value!r}")
