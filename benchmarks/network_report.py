@@ -64,7 +64,7 @@ def scaling(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return d.pivot_table(index=["ranks_per_node", "nodes"], columns="op", values=["seconds", "bound_seconds"]), int(size)
 
 
-def plot(table: pd.DataFrame, size: int, path: str) -> None:
+def plot(table: pd.DataFrame, size: int, path: str, note: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,15 +74,16 @@ def plot(table: pd.DataFrame, size: int, path: str) -> None:
     colours = {"server": "tab:red", "ring": "tab:blue", "brace": "tab:green"}
     for ppn, g in table.groupby(level="ranks_per_node"):
         nodes = g.index.get_level_values("nodes")
-        style = "-" if ppn == 1 else "--"
+        style, marker = ("-", "o") if ppn == 1 else ("--", "s")
         for op, colour in colours.items():
             if ("seconds", op) in g:
-                ax.plot(nodes, g[("seconds", op)], style, marker="o", color=colour, label=f"{op}, {ppn} rank/node")
+                ax.plot(nodes, g[("seconds", op)], style, marker=marker, color=colour, label=f"{op}, {ppn} rank/node")
                 ax.plot(nodes, g[("bound_seconds", op)], ":", color=colour, alpha=0.5)
     ax.set_xlabel("nodes (1 Gbit/s link each)")
     ax.set_ylabel("seconds per round exchange")
+    ax.set_yscale("log")
     ax.set_xticks(sorted(set(table.index.get_level_values("nodes"))))
-    ax.set_title(f"{size:,} float32 values per client; dotted: bytes on the busiest link / rate", fontsize=9)
+    ax.set_title(f"{size:,} float32 values per client{note}; dotted: bytes on the busiest link / rate", fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -93,6 +94,7 @@ def main() -> None:
     p.add_argument("json", nargs="+")
     p.add_argument("--csv", help="write every record as one tidy CSV")
     p.add_argument("--plot", help="write the scalability plot (PNG)")
+    p.add_argument("--note", default="", help="added to the plot's title (e.g. ', measured under load')")
     args = p.parse_args()
     df = load(args.json)
     if args.csv:
@@ -102,7 +104,7 @@ def main() -> None:
     table, size = scaling(df)
     print(f"seconds at {size:,} elements\n{table.round(3).to_string()}")
     if args.plot:
-        plot(table, size, args.plot)
+        plot(table, size, args.plot, args.note)
 
 
 if __name__ == "__main__":
