@@ -24,6 +24,7 @@ def load(paths: list[str]) -> pd.DataFrame:
         with open(path) as f:
             records += json.load(f)
     df = pd.DataFrame(records)
+    df["ledger_bytes"] = df["ledger_bytes"].astype("Int64")  # exact counts; None for native
     df["ratio"] = df["seconds"] / df["bound_seconds"]
     df["rate"] = df["rate_bps"].map(lambda b: f"{b / 1e9:g} Gbit/s")
     return df.sort_values(["rate_bps", "wait", "ranks_per_node", "nodes", "elements"])
