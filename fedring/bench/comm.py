@@ -22,28 +22,47 @@ from mpi4py import MPI
 from fedring.comm import Layout, Network, ring_allreduce
 from fedring.comm.brace import SIGN_RULES, SignVote
 
+#: the sign rules ``bench comm`` times: name -> (rule, its settings)
+SIGN_VARIANTS = {rule: (rule, {}) for rule in SIGN_RULES}
 
-def _time(impls: dict[str, tuple[Callable, Callable, Callable]], repeats: int, comm: MPI.Comm) -> dict[str, tuple]:
-    """name -> (median seconds, bytes this rank sent in one run).
+
+def _time(impls: dict[str, tuple[Callable, Callable, Callable]], repeats: int, comm: MPI.Comm,
+          probe: Callable[[], np.ndarray] | None = None) -> dict[str, tuple]:
+    """name -> (median seconds, what ``sent`` returned after the last run, summed change of ``probe``).
 
     The repeats are interleaved (one run of each implementation in turn), so a change in the
-    machine's load hits every implementation alike.
+    machine's load hits every implementation alike. ``probe`` (this rank's counters, e.g. a
+    link's bytes) is read around each timed run, barrier and timing included; None: 0.
     """
     samples: dict[str, list[float]] = {name: [] for name in impls}
     sent_bytes = {}
+    probed = dict.fromkeys(impls, 0)
     for _ in range(repeats):
         for name, (prepare, fn, sent) in impls.items():
             prepare()
+            before = probe() if probe else 0
             comm.Barrier()
             t0 = time.perf_counter()
             fn()
             samples[name].append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+            probed[name] = probed[name] + (probe() - before if probe else 0)
             sent_bytes[name] = sent()
-    return {name: (float(np.median(samples[name])), sent_bytes[name]) for name in impls}
+    return {name: (float(np.median(samples[name])), sent_bytes[name], probed[name]) for name in impls}
 
 
-def comm_impls(net: Network, comm: MPI.Comm, d: int) -> dict[str, tuple[Callable, Callable, Callable]]:
-    """name -> (prepare, run, bytes sent by this rank in one run); extended by the BRACE family."""
+def server_exchange(net: Network, rows: np.ndarray) -> np.ndarray:
+    """The server topology's round exchange without its rule: every client's row up to rank 0
+    (``uplink``), one ``d``-vector back down to every client (``downlink``)."""
+    stacked = net.gather_to_server(rows, "uplink")
+    vec = None if stacked is None else stacked[0]
+    return net.broadcast_from_server(vec, "downlink", rows.shape[1:], rows.dtype)
+
+
+def comm_impls(net: Network, comm: MPI.Comm, d: int, variants: dict[str, tuple[str, dict]] = SIGN_VARIANTS,
+               server: bool = False) -> dict[str, tuple[Callable, Callable, Callable]]:
+    """name -> (prepare, run, bytes sent by this rank in one run): MPI's Allreduce, the float32
+    ring, the sign rules ``variants`` (name -> (rule, settings)) and, if asked, the server's
+    exchange (:func:`server_exchange`)."""
     rng = np.random.default_rng([7, comm.rank])
     source = rng.standard_normal(d).astype(np.float32)
     rows = np.empty((1, d), np.float32)
@@ -60,9 +79,11 @@ def comm_impls(net: Network, comm: MPI.Comm, d: int) -> dict[str, tuple[Callable
         "native": (prepare, lambda: comm.Allreduce(source, out, op=MPI.SUM), lambda: -1),
         "ring": (prepare, lambda: ring_allreduce(net, rows), ring_bytes),
     }
-    for rule in SIGN_RULES:
-        vote = SignVote(rule, net.n_clients, {})
-        impls[rule] = (prepare, lambda vote=vote: vote(net, rows), ring_bytes)
+    for name, (rule, params) in variants.items():
+        vote = SignVote(rule, net.n_clients, params)
+        impls[name] = (prepare, lambda vote=vote: vote(net, rows), ring_bytes)
+    if server:
+        impls["server"] = (prepare, lambda: server_exchange(net, rows), ring_bytes)
     return impls
 
 
@@ -82,7 +103,7 @@ def main(argv: list[str]) -> int:
         impls = comm_impls(net, comm, d)
         repeats = args.repeats if d < 2**22 else max(3, args.repeats // 2)
         ring_sent = None
-        for name, (seconds, sent) in _time(impls, repeats, comm).items():
+        for name, (seconds, sent, _) in _time(impls, repeats, comm).items():
             sent_bytes = comm.allreduce(sent, op=MPI.MAX)
             if name == "ring":
                 ring_sent = sent_bytes

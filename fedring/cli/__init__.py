@@ -16,7 +16,7 @@ from .launcher import launched_ranks
 USAGE = """usage: python -m fedring [--overwrite] [--quiet]  the headline job: ring-all-reduce and BRACE under attack (docs/brace.md)
        python -m fedring [run] [options]        one run of any task; training by default (python -m fedring run --help)
        python -m fedring conformal prism|labelshift [options]   federated conformal prediction (... --help)
-       python -m fedring bench comm|aggregators|prism [options] benchmarks that print measured ratios (... --help)
+       python -m fedring bench comm|aggregators|prism|network [options] benchmarks that print measured ratios (... --help)
        python -m fedring sweep GRID.toml [--dry-run|--submit|--local] [options]   grids of runs, on SLURM or here
 
 docs/cli.md lists every command and setting."""
@@ -26,6 +26,7 @@ SUBCOMMANDS = {
     ("bench", "comm"): ("fedring.bench.comm", "main", "ring-all-reduce and the sign rules vs MPI's Allreduce"),
     ("bench", "aggregators"): ("fedring.bench.aggregators", "main", "every server rule on a large vector, vs the FedSECA paper's timings"),
     ("bench", "prism"): ("fedring.bench.prism", "main", "PRISM-FCP over MPI vs one process"),
+    ("bench", "network"): ("fedring.bench.network", "main", "ring, BRACE and server in wall time on an emulated cluster (root)"),
     ("conformal", "prism"): ("fedring.conformal.prism.task", "main", "PRISM-FCP, Rob-FCP and FCP (task prism)"),
     ("conformal", "labelshift"): ("fedring.conformal.labelshift.task", "main", "DP-FedCP under label shift (task labelshift)"),
 }

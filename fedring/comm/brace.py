@@ -192,20 +192,28 @@ class Packing:
 
     def decode(self, row: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """A packed row -> the consensus vector (float32, or into ``out``)."""
-        b, pb, h = self.bounds, self.byte_bounds, self.plane_bytes
-        out = np.empty(int(b[-1]), np.float32) if out is None else out
-        for c in range(len(b) - 1):
-            seg, size = row[pb[c] : pb[c + 1]], int(b[c + 1] - b[c])
-            signs = self.signs(seg, c)
-            for s in range(0, size, BLOCK):  # BLOCK is a multiple of 8: s // 8 is a byte offset
-                n = min(BLOCK, size - s)
-                values = np.unpackbits(signs[s // 8 :], count=n).view(np.int8)
-                values *= 2
-                values -= 1
-                if self.planes == 2:
-                    values *= np.unpackbits(seg[s // 8 : h[c]], count=n).view(np.int8)
-                out[b[c] + s : b[c] + s + n] = values
+        out = np.empty(int(self.bounds[-1]), np.float32) if out is None else out
+        for c in range(len(self.bounds) - 1):
+            for piece in self.pieces(row, out, c):
+                piece()
         return out
+
+    def pieces(self, row: np.ndarray, out: np.ndarray, c: int) -> list:
+        """The decoding of chunk ``c`` of a packed row into ``out``, as callables of one block each."""
+        b, pb, h = self.bounds, self.byte_bounds, self.plane_bytes
+        seg, size = row[pb[c] : pb[c + 1]], int(b[c + 1] - b[c])
+        signs = self.signs(seg, c)
+
+        def block(s: int) -> None:  # BLOCK is a multiple of 8: s // 8 is a byte offset
+            n = min(BLOCK, size - s)
+            values = np.unpackbits(signs[s // 8 :], count=n).view(np.int8)
+            values *= 2
+            values -= 1
+            if self.planes == 2:
+                values *= np.unpackbits(seg[s // 8 : h[c]], count=n).view(np.int8)
+            out[b[c] + s : b[c] + s + n] = values
+
+        return [lambda s=s: block(s) for s in range(0, size, BLOCK)]
 
 
 @dataclass
@@ -381,11 +389,19 @@ class SignRule(RingRule):
         local_byz = [i for i in lay.local_clients if self.byzantine[i]]
 
         counts = self._scratch("counts", grads.shape, self.dtype)
-        quantize(grads, self.sign_zero, self.dtype, out=counts)  # phase I
         if self.check or (self.relay_attack == "bias" and self.byzantine.any()):
+            quantize(grads, self.sign_zero, self.dtype, out=counts)  # phase I
             self._share_reduce_guarded(net, counts, bounds, local_byz, counted)  # phase II
-        else:
-            reduce_scatter(net, counts, bounds, SHARE_REDUCE, check=False)  # phase II
+        else:  # phase I chunk by chunk, each while the partial counts into it travel (phase II)
+            def pieces(k: int, c: int) -> list:
+                g, q = grads[k, bounds[c] : bounds[c + 1]], counts[k, bounds[c] : bounds[c + 1]]
+                return [lambda s=s: quantize(g[s : s + BLOCK], self.sign_zero, self.dtype, out=q[s : s + BLOCK])
+                        for s in range(0, g.size, BLOCK)]
+
+            for k, i in enumerate(lay.local_clients):  # the chunk each client sends first
+                for piece in pieces(k, i):
+                    piece()
+            reduce_scatter(net, counts, bounds, SHARE_REDUCE, check=False, ahead=pieces)
 
         packed = self._scratch("packed", (n_local, int(packing.byte_bounds[-1])), np.uint8)
         pb = packing.byte_bounds
@@ -393,23 +409,26 @@ class SignRule(RingRule):
             c = owned_chunk(i, n)
             packed[k, pb[c] : pb[c + 1]] = packing.encode(*self.planes(counts[k, bounds[c] : bounds[c + 1]]))
 
-        flipping = self.relay_attack == "flip" and self.byzantine.any()
-        if flipping:
+        # Into grads[0] (consumed by now): a fresh d-vector would cost a page fault per 4 KiB.
+        reuse = grads.dtype == np.float32 and grads[0].flags.c_contiguous and grads.flags.writeable
+        update = grads[0] if reuse else np.empty(d, np.float32)
+        if self.relay_attack == "flip" and self.byzantine.any():
             self._share_only_flipping(net, packed, packing, local_byz, counted)  # phase IV
-        else:
-            all_gather(net, packed, pb, SHARE_ONLY, check=False)  # phase IV
-        row = packed[0]
-        if flipping:
             honest = np.flatnonzero(~self.byzantine)
             observer = int(honest[0]) if len(honest) else 0
             root = lay.owner(observer)
             row = packed[observer - lay.lo] if lay.rank == root else np.empty(packed.shape[1], np.uint8)
             net.comm.Bcast(row, root=root)  # simulation only: which replica the run follows
+            packing.decode(row, update)
+        else:  # phase IV; row 0 decodes the chunk it got last while the next one travels
+            def decoding(k: int, c: int) -> list:
+                return packing.pieces(packed[0], update, (c + 1) % n) if k == 0 else []
+
+            all_gather(net, packed, pb, SHARE_ONLY, check=False, ahead=decoding)
+            for piece in packing.pieces(packed[0], update, (lay.lo + 2) % n):  # the last chunk it got
+                piece()
         if self.check or self.relay_attack != "none":
             counted = counted.summed(net.comm)
-        # Into grads[0] (consumed by now): a fresh d-vector would cost a page fault per 4 KiB.
-        reuse = grads.dtype == np.float32 and grads[0].flags.c_contiguous and grads.flags.writeable
-        update = packing.decode(row, grads[0] if reuse else None)
         return RingResult(update, self.figures(d, update, counted), self.per_client(counted))
 
     def _scratch(self, name: str, shape: tuple, dtype) -> np.ndarray:

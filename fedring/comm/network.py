@@ -10,8 +10,10 @@ This module imports no torch.
 
 from __future__ import annotations
 
+import os
+import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 from mpi4py import MPI
@@ -21,6 +23,35 @@ from fedring.validate import fills_ranks
 #: Ledger phases that are not part of the protocol under study (the adversary's side
 #: channel): counted, but never added into ``bytes_sent``.
 SIDE_CHANNELS = frozenset({"adversary"})
+
+#: How a rank waits for its point-to-point messages (environment ``FEDRING_WAIT``): ``spin``
+#: (the default) lets MPI poll; ``sleep`` tests them and sleeps between tests (10 us, doubling up
+#: to :data:`MAX_PAUSE`), leaving the core to the ranks that share it while the kernel moves the
+#: bytes. docs/figures.md measures both.
+WAIT_POLICIES = ("spin", "sleep")
+MAX_PAUSE = 2e-4
+#: Point-to-point messages travel in segments of this many bytes (environment
+#: ``FEDRING_SEGMENT_BYTES``; 0: whole), so that a ring's segment is reduced while the next ones
+#: are on the wire, and MPI has a segment to move at every test of a sleeping wait.
+SEGMENT_BYTES = 1 << 20
+
+
+def wait_policy(value: str | None = None) -> str:
+    """The wait policy: ``value``, else ``FEDRING_WAIT``, else ``spin``."""
+    value = value or os.environ.get("FEDRING_WAIT") or WAIT_POLICIES[0]
+    if value not in WAIT_POLICIES:
+        raise ConfigError("FEDRING_WAIT", f"must be one of {', '.join(WAIT_POLICIES)}, got {value!r}")
+    return value
+
+
+def segment_bytes(value: int | None = None) -> int:
+    """Bytes per ring segment: ``value``, else ``FEDRING_SEGMENT_BYTES``, else :data:`SEGMENT_BYTES`."""
+    if value is None:
+        text = os.environ.get("FEDRING_SEGMENT_BYTES", str(SEGMENT_BYTES))
+        value = int(text) if text.isdigit() else -1
+    if value < 0:
+        raise ConfigError("FEDRING_SEGMENT_BYTES", "must be a number of bytes >= 0 (0: whole chunks)")
+    return value
 
 
 def block_bounds(total: int, parts: int) -> np.ndarray:
@@ -127,14 +158,63 @@ class Network:
     """Moves numpy buffers between logical clients and records them in a :class:`Ledger`.
 
     Uses a private duplicate of the layout's communicator, so fedring's messages can never
-    match a user's.
+    match a user's. ``wait`` and ``segment`` set how it waits for messages and how it cuts ring
+    chunks (:func:`wait_policy`, :func:`segment_bytes`); neither changes a result or a byte count.
     """
 
-    def __init__(self, layout: Layout, ledger: Ledger | None = None):
+    def __init__(self, layout: Layout, ledger: Ledger | None = None, wait: str | None = None,
+                 segment: int | None = None):
         self.layout = layout
         self.ledger = Ledger(layout.n_clients) if ledger is None else ledger
+        self.wait, self.segment = wait_policy(wait), segment_bytes(segment)
         self.comm = layout.comm.Dup()
         self._scratch = np.empty(0, np.uint8)
+
+    def complete(self, requests: list[MPI.Request]) -> None:
+        """Wait for ``requests`` under the wait policy."""
+        if self.wait == "spin":
+            MPI.Request.Waitall(requests)
+            return
+        pause = 1e-5
+        while not MPI.Request.Testall(requests):
+            time.sleep(pause)
+            pause = min(2 * pause, MAX_PAUSE)
+
+    def _cuts(self, size: int, itemsize: int) -> list[slice]:
+        """The segments of a buffer of ``size`` items (at least one, maybe empty): sender and
+        receiver cut a message alike."""
+        per = max(1, self.segment // itemsize) if self.segment else max(1, size)
+        return [slice(s, s + per) for s in range(0, max(size, 1), per)]
+
+    def _isend(self, buf: np.ndarray, dest: int) -> list[MPI.Request]:
+        flat = buf.reshape(-1)
+        return [self.comm.Isend(flat[c], dest=dest) for c in self._cuts(flat.size, flat.itemsize)]
+
+    def _irecv(self, buf: np.ndarray, source: int) -> list[MPI.Request]:
+        flat = buf.reshape(-1)
+        return [self.comm.Irecv(flat[c], source=source) for c in self._cuts(flat.size, flat.itemsize)]
+
+    def _exchange(self, outgoing: np.ndarray, incoming: np.ndarray,
+                  arrived: Callable[[slice], None] | None = None, work: Iterable[Callable[[], None]] = ()) -> None:
+        """Send ``outgoing`` to the next rank while ``incoming`` comes from the previous one, in
+        segments. While they travel: the pieces of ``work``, each followed by a test of the
+        messages (MPI moves bytes only when called); then ``arrived(seg)`` on each received
+        segment while later ones are still on the wire. Both sides cut a chunk alike: ranks
+        exchange chunks of the same size."""
+        lay = self.layout
+        cuts = self._cuts(incoming.size, incoming.itemsize)
+        recvs = [self.comm.Irecv(incoming[c], source=(lay.rank - 1) % lay.size) for c in cuts]
+        sends = self._isend(outgoing, (lay.rank + 1) % lay.size)
+        for piece in work:
+            piece()
+            MPI.Request.Testall(recvs + sends)
+        if arrived is None:
+            self.complete(recvs + sends)
+            return
+        for cut, request in zip(cuts, recvs):
+            self.complete([request])
+            arrived(cut)
+        self.complete(sends)
 
     @property
     def n_clients(self) -> int:
@@ -192,6 +272,7 @@ class Network:
         chunk_of: Callable[[int], int],
         combine: Callable[[np.ndarray, np.ndarray], None] | None,
         phase: str,
+        ahead: Callable[[int, int], Iterable[Callable[[], None]]] | None = None,
     ) -> None:
         """One synchronous step of a ring protocol over all clients.
 
@@ -221,14 +302,18 @@ class Network:
         if lay.size > 1:
             outgoing = chunk(last - lay.lo, chunk_of(last))
             c_in = chunk_of((first - 1) % n)
-            incoming = self._recv_buffer(rows, int(bounds[c_in + 1] - bounds[c_in]))
-            self.comm.Sendrecv(
-                outgoing, dest=(lay.rank + 1) % lay.size, recvbuf=incoming, source=(lay.rank - 1) % lay.size
-            )
+            mine = chunk(0, c_in)
+            work = ahead(0, c_in) if ahead else ()
+            if combine is None:  # straight into place: the chunk sent is never the one received
+                self._exchange(outgoing, mine, work=work)
+            else:
+                incoming = self._recv_buffer(rows, mine.size)
+                self._exchange(outgoing, incoming, lambda seg: combine(mine[seg], incoming[seg]), work)
             self.ledger.add(last, phase, outgoing.nbytes)
-            deliver(chunk(0, c_in), incoming)
         for i in range(first, last + (lay.size == 1)):
             j = (i + 1) % n
+            for piece in ahead(j - first, chunk_of(i)) if ahead else ():
+                piece()
             payload = chunk(i - first, chunk_of(i))
             deliver(chunk(j - first, chunk_of(i)), payload)
             self.ledger.add(i, phase, payload.nbytes)
@@ -249,14 +334,13 @@ class Network:
             self.ledger.add(int(client), phase, local[k].nbytes)
         if lay.rank != 0:
             if len(mine):
-                self.comm.Send(local, dest=0)
+                self.complete(self._isend(local, 0))
             return None
         offsets = np.concatenate([[0], np.cumsum(counts)])
         out = np.empty((int(offsets[-1]), *local.shape[1:]), local.dtype)
         out[: len(mine)] = local
-        requests = [self.comm.Irecv(out[offsets[r] : offsets[r + 1]], source=r)
-                    for r in range(1, lay.size) if counts[r]]
-        MPI.Request.Waitall(requests)
+        requests = [q for r in range(1, lay.size) if counts[r] for q in self._irecv(out[offsets[r] : offsets[r + 1]], r)]
+        self.complete(requests)
         return out
 
     def broadcast_from_server(self, vec: np.ndarray | None, phase: str, shape, dtype) -> np.ndarray:
@@ -273,10 +357,10 @@ class Network:
         if lay.rank == 0:
             vec = np.ascontiguousarray(vec, dtype=dtype).reshape(shape)
             self.ledger.add_server(phase, vec.nbytes * self.n_clients)
-            MPI.Request.Waitall([self.comm.Isend(vec, dest=r) for r in range(1, lay.size)])
+            self.complete([q for r in range(1, lay.size) for q in self._isend(vec, r)])
             return vec
         out = np.empty(shape, dtype)
-        self.comm.Recv(out, source=0)
+        self.complete(self._irecv(out, 0))
         return out
 
     def scatter_from_server(self, rows: np.ndarray | None, clients: np.ndarray, phase: str, shape, dtype) -> np.ndarray:
@@ -298,12 +382,12 @@ class Network:
             for r in range(1, lay.size):
                 theirs = np.flatnonzero(owners == r)
                 if len(theirs):
-                    requests.append(self.comm.Isend(np.ascontiguousarray(rows[theirs]), dest=r))
-            MPI.Request.Waitall(requests)
+                    requests += self._isend(np.ascontiguousarray(rows[theirs]), r)
+            self.complete(requests)
             return rows[mine]
         out = np.empty((len(mine), *shape), dtype)
         if len(mine):
-            self.comm.Recv(out, source=0)
+            self.complete(self._irecv(out, 0))
         return out
 
     def sum_to_server(self, values: np.ndarray) -> np.ndarray | None:

@@ -39,26 +39,29 @@ def _add(mine: np.ndarray, incoming: np.ndarray) -> None:
 
 
 def reduce_scatter(net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "reduce_scatter",
-                   check: bool = True) -> None:
+                   check: bool = True, ahead=None) -> None:
     """In place: afterwards client ``i``'s row holds the ring sum of chunk ``(i + 1) mod n``.
 
-    ``check=False`` skips :meth:`Network.check_rows` for rows the caller made itself.
+    ``check=False`` skips :meth:`Network.check_rows` for rows the caller made itself;
+    ``ahead`` prepares a chunk while the partial sum into it travels (:meth:`Network.ring_step`).
     """
     if check:
         net.check_rows(rows)
     n = net.n_clients
     for s in range(n - 1):
-        net.ring_step(rows, bounds, lambda i: (i - s) % n, _add, phase)
+        net.ring_step(rows, bounds, lambda i: (i - s) % n, _add, phase, ahead)
 
 
 def all_gather(net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "all_gather",
-               check: bool = True) -> None:
-    """In place: client ``i`` starts owning chunk ``(i + 1) mod n``; afterwards every row holds all chunks."""
+               check: bool = True, ahead=None) -> None:
+    """In place: client ``i`` starts owning chunk ``(i + 1) mod n``; afterwards every row holds all chunks.
+
+    ``ahead``: work done while a chunk travels (:meth:`Network.ring_step`)."""
     if check:
         net.check_rows(rows)
     n = net.n_clients
     for s in range(n - 1):
-        net.ring_step(rows, bounds, lambda i: (i + 1 - s) % n, None, phase)
+        net.ring_step(rows, bounds, lambda i: (i + 1 - s) % n, None, phase, ahead)
 
 
 def owned_chunk(client: int, n: int) -> int:

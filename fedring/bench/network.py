@@ -1,0 +1,224 @@
+"""``python -m fedring bench network``: the ring, BRACE and the server's exchange in wall time on
+an emulated cluster (:mod:`fedring.bench.netem`: namespaces as nodes, ``tc tbf`` links).
+
+Run as root, without ``mpiexec``: the command builds ``--nodes`` nodes with links of ``--rate``
+each way, starts one MPI job of ``--ranks-per-node`` ranks per node across them (one client per
+rank) and times, interleaved run by run as ``bench comm`` does (:mod:`fedring.bench.comm`):
+MPI's Allreduce (``native``), the float32 ring (``ring``), the sign rules (``brace``,
+``brace_symmetric``, ``signsgd``, ``rlr``) and the server topology's round exchange
+(``server``: every client's float32 row up to rank 0, one vector back down to every client).
+
+Each record: ``op``, ``elements``, ``nodes``, ``ranks_per_node``, ``rate_bps``, ``seconds``
+(median of the repeats), ``bound_seconds``, ``link_bytes`` (what the nodes' links sent in one
+run, from the kernel's counters of each node's interface: payload, TCP/IP and Ethernet headers,
+acknowledgements, MPI's own headers, the timing's barrier), ``ledger_bytes`` (the payload bytes
+fedring's ledger counted on messages between nodes; None for ``native``, whose messages MPI
+does not report) and ``busiest_link_bytes`` (the kernel's count on the busiest direction of any
+node's link).
+
+``bound_seconds`` is the time the op's bytes need at the link rate: for each of its phases one
+after the other (reduce-scatter then all-gather; the uplink then the downlink), the ledger's
+bytes on the phase's busiest link direction, divided by the rate. The ring moves
+``2 (n - 1) / n * 4 d`` bytes each way over every node's link (``n`` ranks in all), the server
+``(n - p) 4 d`` into rank 0's node and as many out of it (``p`` ranks per node). ``native`` is
+given the ring's bound (the least any all-reduce needs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+from fedring.errors import ConfigError
+
+from . import netem
+
+OPS = ("native", "ring", "brace", "brace_symmetric", "signsgd", "rlr", "server")
+RING_PHASES = ("reduce_scatter", "all_gather")
+SIGN_PHASES = ("share_reduce", "share_only")
+PHASES = {"ring": RING_PHASES, "server": ("uplink", "downlink"),
+          **{op: SIGN_PHASES for op in ("brace", "brace_symmetric", "signsgd", "rlr")}}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fedring bench network",
+                                description="the ring, BRACE and the server's exchange on an emulated cluster (as root)")
+    p.add_argument("--nodes", type=int, default=4, help="emulated nodes (default 4)")
+    p.add_argument("--ranks-per-node", type=int, default=1, help="MPI ranks (one client each) per node (default 1)")
+    p.add_argument("--rate", default="1gbit", help="rate of each node's link, each way, as tc writes it (default 1gbit)")
+    p.add_argument("--sizes", default="20,22,24", help="vector sizes as log2 element counts (default 20,22,24)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs of each op and size (default 3)")
+    p.add_argument("--ops", default=",".join(OPS), help=f"which to time (default all: {','.join(OPS)})")
+    p.add_argument("--wait", choices=("sleep", "spin"), help="fedring's wait policy (sets FEDRING_WAIT; default: spin)")
+    p.add_argument("--timeout", type=float, help="seconds the MPI job may take (default: from the sizes and rate)")
+    p.add_argument("--json", metavar="FILE", help="also write the records as a JSON list")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def settings(argv: list[str]) -> argparse.Namespace:
+    """Parse and check every option before any work starts (ConfigError naming the bad one)."""
+    args = parser().parse_args(argv)
+    args.rate_bps = netem.parse_rate(args.rate)
+    if not 2 <= args.nodes <= 64:
+        raise ConfigError("nodes", f"must be from 2 to 64, got {args.nodes}")
+    if not 1 <= args.ranks_per_node <= 16:
+        raise ConfigError("ranks-per-node", f"must be from 1 to 16, got {args.ranks_per_node}")
+    try:
+        args.log2_sizes = [int(v) for v in args.sizes.split(",")]
+    except ValueError:
+        raise ConfigError("sizes", f"must be comma-separated log2 element counts (e.g. 20,22,24), got {args.sizes!r}") from None
+    if not all(4 <= v <= 26 for v in args.log2_sizes):
+        raise ConfigError("sizes", f"log2 element counts must be from 4 to 26, got {args.sizes}")
+    if args.repeats < 1:
+        raise ConfigError("repeats", f"must be at least 1, got {args.repeats}")
+    args.op_list = args.ops.split(",")
+    unknown = [op for op in args.op_list if op not in OPS]
+    if unknown or not args.op_list:
+        raise ConfigError("ops", f"unknown {', '.join(unknown) or 'empty list'}: choose from {', '.join(OPS)}")
+    if args.json:
+        args.json = os.path.abspath(args.json)
+        if not os.path.isdir(os.path.dirname(args.json)):
+            raise ConfigError("json", f"{os.path.dirname(args.json)} is not a folder")
+    return args
+
+
+def expected_seconds(args: argparse.Namespace) -> float:
+    """A generous limit for the job: five times every op's bound, plus start-up."""
+    n, p = args.nodes * args.ranks_per_node, args.ranks_per_node
+    per_element = 4 * 8 / args.rate_bps * (2 * 2 + 4 * 0.5 + 2 * (n - p))  # native+ring, sign rules, server
+    return 120 + 5 * (args.repeats + 1) * sum(2**e for e in args.log2_sizes) * per_element
+
+
+def main(argv: list[str]) -> int:
+    args = settings(argv)
+    if args.worker:
+        return worker(args)
+    from fedring.cli import _launched_ranks
+
+    if _launched_ranks()[1] > 1:
+        raise ConfigError("bench network", "builds its own cluster and starts the MPI job itself: run it without mpiexec")
+    lacks = netem.missing()
+    if lacks:
+        print(f"fedring: error: bench network needs root and ip, tc, unshare, nsenter, mpiexec: missing {', '.join(lacks)}",
+              file=sys.stderr)
+        return 2
+    if args.wait:
+        os.environ["FEDRING_WAIT"] = args.wait
+    program = ["-m", "fedring.bench.network", "--worker", *argv]
+    return netem.run(args.nodes, args.rate_bps, args.ranks_per_node, program, args.timeout or expected_seconds(args))
+
+
+def ledger_links(ledger, phases: tuple[str, ...], node_of: np.ndarray) -> np.ndarray:
+    """``(phases, nodes, 2)``: payload bytes this rank's ledger counted on every node's link,
+    out of the node (``[..., 0]``) and into it (``[..., 1]``), per phase.
+
+    ``node_of[i]`` is the node of client ``i``. A ring phase's message goes from client ``i`` to
+    ``i + 1``; an uplink message to the server on client 0's rank; the downlink is counted on
+    the server's side, one message to each client.
+    """
+    n, nodes = len(node_of), int(node_of.max()) + 1
+    out = np.zeros((len(phases), nodes, 2), np.int64)
+    for k, phase in enumerate(phases):
+        if phase == "downlink":
+            src, dst = np.full(n, node_of[0]), node_of
+            sent = np.full(n, ledger.server.get(phase, 0) // n, np.int64)
+        else:
+            src, dst = node_of, (np.full(n, node_of[0]) if phase == "uplink" else np.roll(node_of, -1))
+            sent = ledger.phase_bytes(phase)
+        cross = src != dst
+        np.add.at(out[k, :, 0], src[cross], sent[cross])
+        np.add.at(out[k, :, 1], dst[cross], sent[cross])
+    return out
+
+
+def worker(args: argparse.Namespace) -> int:
+    """The MPI job on the cluster: time every op at every size, report, write the records."""
+    from mpi4py import MPI
+
+    from fedring.comm import Layout, Network
+
+    from .comm import SIGN_VARIANTS, _time, comm_impls
+
+    comm = MPI.COMM_WORLD
+    p, nodes = args.ranks_per_node, args.nodes
+    node = comm.rank // p  # hydra's -ppn places ranks in blocks
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    placed = local.size == p and local.allreduce(comm.rank, op=MPI.MIN) == node * p
+    if not comm.allreduce(placed, op=MPI.LAND) or comm.size != nodes * p:
+        raise RuntimeError(f"the job's ranks are not {p} per node in blocks over {nodes} nodes")
+    leader = local.rank == 0
+    net = Network(Layout(comm.size, comm))
+    node_of = net.layout.owner(np.arange(comm.size)) // p
+    rate_bytes = args.rate_bps / 8
+
+    def probe() -> np.ndarray:
+        counters = np.zeros((nodes, 2), np.int64)
+        if leader:
+            counters[node] = netem.link_counters()
+        return counters
+
+    variants = {**SIGN_VARIANTS, "brace_symmetric": ("brace", {"rule": "symmetric"})}
+    records = []
+    for e in args.log2_sizes:
+        d = 2**e
+        impls = comm_impls(net, comm, d, variants, server=True)
+        chosen = {op: impls[op] for op in args.op_list}
+        for op, (prepare, fn, _) in list(chosen.items()):
+            if op != "native":
+                chosen[op] = (prepare, fn, lambda op=op: ledger_links(net.ledger, PHASES[op], node_of))
+        for op, (prepare, fn, _) in chosen.items():  # a warm-up run: connections, buffers, page faults
+            prepare()
+            fn()
+        ring_bound = 2 * (comm.size - 1) / comm.size * 4 * d / rate_bytes
+        for op, (seconds, links, wire) in _time(chosen, args.repeats, comm, probe).items():
+            wire = comm.allreduce(wire, op=MPI.SUM) / args.repeats
+            ledger = None if op == "native" else comm.allreduce(links, op=MPI.SUM)
+            records.append({
+                "op": op, "elements": d, "nodes": nodes, "ranks_per_node": p, "rate_bps": args.rate_bps,
+                "seconds": seconds,
+                "bound_seconds": ring_bound if ledger is None else float(ledger.max(axis=(1, 2)).sum() / rate_bytes),
+                "link_bytes": int(wire[:, 0].sum()),
+                "ledger_bytes": None if ledger is None else int(ledger[:, :, 0].sum()),
+                "busiest_link_bytes": int(wire.max()),
+                "wait": net.wait,
+            })
+            if comm.rank == 0:
+                print_record(records[-1], header=len(records) == 1)
+    if comm.rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+    return 0
+
+
+def print_record(r: dict, header: bool) -> None:
+    if header:
+        print(f"# {r['nodes']} nodes x {r['ranks_per_node']} ranks, {r['rate_bps'] / 1e9:g} Gbit/s per link each way; "
+              "bound: the ledger's bytes on the busiest link / rate; link/ledger: the kernel's count / the ledger's")
+        print(f"{'op':<16}{'elements':>10}{'seconds':>10}{'bound s':>10}{'x bound':>9}{'link MB':>10}{'ledger MB':>11}"
+              f"{'link/ledger':>12}")
+    ledger, link = r["ledger_bytes"], r["link_bytes"]
+    print(f"{r['op']:<16}{r['elements']:>10}{r['seconds']:>10.4f}{r['bound_seconds']:>10.4f}"
+          f"{r['seconds'] / r['bound_seconds']:>9.2f}{link / 1e6:>10.2f}"
+          f"{'-' if ledger is None else f'{ledger / 1e6:.2f}':>11}"
+          f"{'-' if not ledger else f'{link / ledger:.4f}':>12}", flush=True)
+
+
+def _abort_job(*exc_info) -> None:
+    """Any exception on any rank of the job ends the whole job (no rank waits for a dead peer)."""
+    import traceback
+
+    from mpi4py import MPI
+
+    traceback.print_exception(*exc_info)
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(1)
+
+
+if __name__ == "__main__":
+    sys.excepthook = _abort_job
+    sys.exit(main(sys.argv[1:]))
