@@ -69,6 +69,7 @@ class Config:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "sections"}
+check.TOP_LEVEL_KEYS.update(FIELDS)
 DEFAULTS = Config()
 
 

@@ -119,15 +119,18 @@ def unknown(key: str, what: str, name: Any, allowed: Iterable[str], hint: str = 
                             f"allowed: {', '.join(allowed) or '(none)'}")
 
 
+#: The top-level settings (filled by :mod:`fedring.config`, which imports this module): a
+#: section key that is one of them gets a hint about TOML's sections.
+TOP_LEVEL_KEYS: set[str] = set()
+
+
 def known_keys(prefix: str, what: str, params: dict, allowed: Iterable[str]) -> None:
     """Raise for the first key of ``params`` not in ``allowed``, as ``prefix.key``."""
-    from .config import FIELDS  # config imports this module
-
     allowed = list(allowed)
     for key in params:
         if key not in allowed:
             toml = (f"{key} is a top-level setting: in a TOML file, put it above the first [section] (TOML reads "
-                    f"every key after [{prefix}] into that section); ") if key in FIELDS else ""
+                    f"every key after [{prefix}] into that section); ") if key in TOP_LEVEL_KEYS else ""
             raise ConfigError(f"{prefix}.{key}", f"unknown parameter of {what}; {toml}{suggestion(key, allowed)}"
                                                  f"allowed: {', '.join(allowed) or '(none)'}")
 

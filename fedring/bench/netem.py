@@ -108,7 +108,7 @@ def run(nodes: int, rate_bps: int, ranks_per_node: int, program: list[str], time
             "parent_ns": {kind: os.readlink(f"/proc/self/ns/{kind}") for kind in ("net", "mnt", "uts")}}
     cmd = ["unshare", "--net", "--mount", "--uts", "--propagation", "private",
            sys.executable, "-m", "fedring.bench.netem", json.dumps(spec)]
-    head = subprocess.Popen(cmd, preexec_fn=_die_with_parent(signal.SIGTERM))  # noqa: PLW1509 (no threads here)
+    head = subprocess.Popen(cmd, preexec_fn=_die_with_parent(signal.SIGTERM))
     try:
         return head.wait()
     except KeyboardInterrupt:
@@ -150,7 +150,7 @@ exec nsenter --net=/proc/$pid/ns/net --uts=/proc/$pid/ns/uts /bin/sh -c "$*"
 def _node(i: int, rate: str, burst: int) -> int:
     """Start node ``i``: a process holding a new network and UTS namespace; returns its pid."""
     holder = subprocess.Popen(["unshare", "--net", "--uts", "/bin/sh", "-c", f"hostname node{i} && exec sleep infinity"],
-                              preexec_fn=_die_with_parent(), stdin=subprocess.DEVNULL)  # noqa: PLW1509
+                              preexec_fn=_die_with_parent(), stdin=subprocess.DEVNULL)
     for _ in range(500):  # until the shell has set the host name and become `sleep` (bounded: 5 s)
         try:
             with open(f"/proc/{holder.pid}/comm") as f:

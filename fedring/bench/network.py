@@ -33,6 +33,7 @@ import sys
 
 import numpy as np
 
+from fedring.cli.launcher import launched_ranks
 from fedring.errors import ConfigError
 
 from . import netem
@@ -98,9 +99,7 @@ def main(argv: list[str]) -> int:
     args = settings(argv)
     if args.worker:
         return worker(args)
-    from fedring.cli import _launched_ranks
-
-    if _launched_ranks()[1] > 1:
+    if launched_ranks()[1] > 1:
         raise ConfigError("bench network", "builds its own cluster and starts the MPI job itself: run it without mpiexec")
     lacks = netem.missing()
     if lacks:
@@ -171,7 +170,7 @@ def worker(args: argparse.Namespace) -> int:
         for op, (prepare, fn, _) in list(chosen.items()):
             if op != "native":
                 chosen[op] = (prepare, fn, lambda op=op: ledger_links(net.ledger, PHASES[op], node_of))
-        for op, (prepare, fn, _) in chosen.items():  # a warm-up run: connections, buffers, page faults
+        for prepare, fn, _ in chosen.values():  # a warm-up run: connections, buffers, page faults
             prepare()
             fn()
         ring_bound = 2 * (comm.size - 1) / comm.size * 4 * d / rate_bytes
