@@ -87,6 +87,7 @@ from .config import (
     load_toml,
     merge,
     parse_value,
+    split_key,
     validate,
 )
 from .errors import ConfigError
@@ -186,7 +187,7 @@ def resolve(settings: dict[str, Any], ranks: int, origin: str) -> Config:
     cfg = merge(Config(), top, origin)
     for key, value in settings.items():  # section.key: values may themselves be tables
         if key not in top:
-            section, name = key.split(".", 1)
+            section, name = split_key(key)
             cfg.sections.setdefault(section, {})[name] = value
     check = copy.deepcopy(cfg)
     check.out, check.overwrite, check.resume = os.devnull, True, False  # validate settings, not files

@@ -19,6 +19,7 @@ from .registry import Registry
 TASKS = Registry("task")
 
 
+@TASKS.base
 class Task:
     """Base of the tasks; subclasses set ``name`` and implement the four steps."""
 

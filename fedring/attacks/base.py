@@ -59,6 +59,7 @@ class AttackContext:
     aggregator_name: str = ""
 
 
+@ATTACKS.base
 class ModelAttack:
     """Base of the model-poisoning attacks.
 
@@ -117,6 +118,7 @@ class ModelAttack:
         raise NotImplementedError
 
 
+@ATTACKS.base
 class DataAttack:
     """Base of the data-poisoning attacks: they change the Byzantine clients' batches.
 

@@ -40,6 +40,9 @@ def general_options(p: argparse.ArgumentParser) -> None:
     """The options of every task: settings files, --set, seed, output, resume."""
     add = p.add_argument
     add("--config", metavar="FILE.toml", help="settings file (keys as below, sections as [name]); applied first")
+    add("--plugin", dest="plugins", action="append", metavar="MODULE",
+        help="import the user's MODULE on every rank first, so that its components register (repeatable; "
+             "docs/tutorial.md)")
     add("--set", action="append", default=[], metavar="KEY=VALUE",
         help="any setting, as KEY=VALUE or SECTION.KEY=VALUE (after --config, before the options here)")
     add("--seed", type=int, metavar="S", help="every random draw derives from it (default 0)")

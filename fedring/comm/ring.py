@@ -85,6 +85,7 @@ def ring_allreduce(net: Network, rows: np.ndarray) -> np.ndarray:
     return rows
 
 
+@RING_RULES.base
 class RingRule:
     """Base of the ring rules: ``rule(net, grads)`` returns the ``(d,)`` update every replica applies.
 

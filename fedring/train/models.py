@@ -10,7 +10,7 @@ from fedring.errors import ConfigError
 from fedring.registry import Registry
 
 #: the models, by name (setting ``model``)
-MODELS = Registry("model")
+MODELS = Registry("model", bases=(nn.Module,))
 
 
 @MODELS.register

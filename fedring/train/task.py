@@ -16,16 +16,24 @@ TOPOLOGIES = ("ring", "server")
 PARTITIONS = ("iid", "fang", "dirichlet")
 
 
-def aggregator_names(topology: str) -> list[str]:
-    """The rules that run on ``topology``."""
+def aggregator_rules(topology: str):
+    """The registry of the rules that run on ``topology``."""
     from fedring.aggregators import AGGREGATORS
     from fedring.comm import RING_RULES
 
-    return list(RING_RULES if topology == "ring" else AGGREGATORS)
+    return RING_RULES if topology == "ring" else AGGREGATORS
+
+
+def aggregator_names(topology: str) -> list[str]:
+    """The rules that run on ``topology``."""
+    return list(aggregator_rules(topology))
 
 
 def check_aggregator(cfg: Config) -> None:
     """The rule exists and runs on the topology; a near miss or a rule of the other topology gets a hint."""
+    if ":" in cfg.aggregator:  # an import path: imported and checked as a rule of this topology
+        aggregator_rules(cfg.topology).get(cfg.aggregator, "aggregator")
+        return
     here = aggregator_names(cfg.topology)
     if cfg.aggregator in here:
         return
@@ -111,8 +119,10 @@ class TrainTask(Task):
 
     @staticmethod
     def default_out(cfg: Config) -> str:
-        attack = "" if cfg.attack == "none" else f"-{cfg.attack}"
-        return f"results/{cfg.topology}-{cfg.aggregator}{attack}-{cfg.dataset}-n{cfg.clients}-seed{cfg.seed}.h5"
+        short = lambda name: name.rpartition(":")[2]  # noqa: E731  (an import path by its class name)
+        attack = "" if cfg.attack == "none" else f"-{short(cfg.attack)}"
+        return (f"results/{cfg.topology}-{short(cfg.aggregator)}{attack}-{short(cfg.dataset)}-n{cfg.clients}"
+                f"-seed{cfg.seed}.h5")
 
     @staticmethod
     def steps(cfg: Config) -> tuple[int, str]:
