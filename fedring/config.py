@@ -120,8 +120,8 @@ def split_key(key: str) -> tuple[str, str]:
 def merge(cfg: Config, items: dict[str, Any], origin: str) -> Config:
     """Apply ``{key: value}`` (top-level names, dotted section keys, or TOML tables)."""
     for key, value in items.items():
-        if "." in key:
-            section, name = split_key(key)
+        section, name = split_key(key)
+        if name:
             cfg.sections.setdefault(section, {})[name] = value
         elif isinstance(value, dict):  # a table is a section (no setting takes a table), even [attack]
             cfg.sections.setdefault(key, {}).update(value)

@@ -51,7 +51,7 @@ def import_module(module: str, key: str = "plugins") -> ModuleType:
             raise ConfigError(key, f"plugin module {module!r} not found on this rank's sys.path (install it, add its "
                                    "folder to PYTHONPATH, or run from the folder that holds it; docs/tutorial.md)") from None
         raise ConfigError(key, f"plugin module {module!r} raised on import: ModuleNotFoundError: {e}") from None
-    except (Exception, SystemExit) as e:
+    except (Exception, SystemExit) as e:  # noqa: BLE001  (whatever the user's module raises is reported)
         raise ConfigError(key, f"plugin module {module!r} raised on import: {type(e).__name__}: {e}") from None
 
 
@@ -70,7 +70,7 @@ def load_entry_points() -> None:
         where = f"entry point {ep.name} = {ep.value} of {ep.dist.name if ep.dist else 'an installed package'}"
         try:
             ep.load()
-        except (Exception, SystemExit) as e:
+        except (Exception, SystemExit) as e:  # noqa: BLE001
             raise ConfigError("plugins", f"{where} ({ENTRY_POINT_GROUP}) failed to load: {type(e).__name__}: {e}") from None
     _entry_points_loaded = True
 

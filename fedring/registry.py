@@ -44,9 +44,10 @@ class Registry:
     fedring.errors.ConfigError: shape: unknown shape 'squar'; did you mean 'square'? allowed: square
     """
 
-    def __init__(self, kind: str, bases: tuple[type, ...] = ()):
+    def __init__(self, kind: str, bases: tuple[type, ...] = (), requires: tuple[str, ...] = ()):
         self.kind = kind
         self.bases = bases
+        self.requires = requires
         self._classes: dict[str, type] = {}
 
     def base(self, cls: type) -> type:
@@ -56,16 +57,20 @@ class Registry:
 
     def check(self, cls: Any) -> None:
         """Raise TypeError unless ``cls`` can be a component: a class, a subclass of a base of
-        this kind, with a ``name`` (a non-empty string without ``:``, which marks import paths)."""
+        this kind, with a ``name`` (a non-empty string without ``:``, which marks import paths)
+        and the class attributes this kind ``requires``."""
         if not inspect.isclass(cls):
             raise TypeError(f"a {type(cls).__name__}, not a class")
         if self.bases and not issubclass(cls, self.bases):
             names = " or ".join(f"{b.__module__}.{b.__qualname__}" for b in self.bases)
-            raise TypeError(f"{cls.__qualname__} is not a {self.kind} component: it must subclass {names}")
+            raise TypeError(f"{cls.__qualname__} is not one of fedring's {self.kind}s: it must subclass {names}")
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name or ":" in name:
             raise TypeError(f"{cls.__qualname__} needs a class attribute name, a non-empty string without ':' "
                             f"(got {name!r})")
+        missing = [attr for attr in self.requires if not hasattr(cls, attr)]
+        if missing:
+            raise TypeError(f"{cls.__qualname__} needs the class attribute(s) {', '.join(missing)} of a {self.kind}")
 
     def register(self, cls: type) -> type:
         """Class decorator: make ``cls`` selectable by its ``name``."""

@@ -119,7 +119,9 @@ class TrainTask(Task):
 
     @staticmethod
     def default_out(cfg: Config) -> str:
-        short = lambda name: name.rpartition(":")[2]  # noqa: E731  (an import path by its class name)
+        def short(name: str) -> str:  # an import path by its class name
+            return name.rpartition(":")[2]
+
         attack = "" if cfg.attack == "none" else f"-{short(cfg.attack)}"
         return (f"results/{cfg.topology}-{short(cfg.aggregator)}{attack}-{short(cfg.dataset)}-n{cfg.clients}"
                 f"-seed{cfg.seed}.h5")
