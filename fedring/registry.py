@@ -55,10 +55,10 @@ class Registry:
         self.bases = (*self.bases, cls)
         return cls
 
-    def check(self, cls: Any) -> None:
+    def check(self, cls: Any) -> str:
         """Raise TypeError unless ``cls`` can be a component: a class, a subclass of a base of
         this kind, with a ``name`` (a non-empty string without ``:``, which marks import paths)
-        and the class attributes this kind ``requires``."""
+        and the class attributes this kind ``requires``. Returns the name."""
         if not inspect.isclass(cls):
             raise TypeError(f"a {type(cls).__name__}, not a class")
         if self.bases and not issubclass(cls, self.bases):
@@ -71,13 +71,14 @@ class Registry:
         missing = [attr for attr in self.requires if not hasattr(cls, attr)]
         if missing:
             raise TypeError(f"{cls.__qualname__} needs the class attribute(s) {', '.join(missing)} of a {self.kind}")
+        return name
 
     def register(self, cls: type) -> type:
         """Class decorator: make ``cls`` selectable by its ``name``."""
-        self.check(cls)
-        if cls.name in self._classes and self._classes[cls.name] is not cls:
-            raise ValueError(f"two {self.kind}s are named {cls.name!r}: {self._classes[cls.name]} and {cls}")
-        self._classes[cls.name] = cls
+        name = self.check(cls)
+        if name in self._classes and self._classes[name] is not cls:
+            raise ValueError(f"two {self.kind}s are named {name!r}: {self._classes[name]} and {cls}")
+        self._classes[name] = cls
         return cls
 
     def _import(self, path: str, key: str) -> type:
