@@ -21,7 +21,7 @@ from . import validate as check
 from .errors import ConfigError
 
 #: settings of every task; the other top-level settings belong to training
-GENERAL = ("task", "seed", "out", "overwrite", "resume", "quiet", "stop_grace")
+GENERAL = ("task", "plugins", "seed", "out", "overwrite", "resume", "quiet", "stop_grace")
 #: settings that steer a run without changing its results: --resume and sweeps ignore them
 RUN_CONTROL = ("out", "overwrite", "resume", "quiet", "checkpoint_every", "stop_grace")
 
@@ -31,6 +31,7 @@ class Config:
     """Every setting of a run; the resolved copy is stored in its HDF5 file (``config``)."""
 
     task: str = "train"
+    plugins: list = field(default_factory=list)  # the user's modules, imported first (fedring.plugins)
     topology: str = "ring"
     aggregator: str = "mean"
     pre_aggregators: list = field(default_factory=list)
@@ -105,11 +106,22 @@ def coerce(key: str, kind: str, value: Any) -> Any:
     raise TypeError(f"setting {key} has a type fedring cannot read: {kind}")
 
 
+def split_key(key: str) -> tuple[str, str]:
+    """``section.name`` -> (section, name); a section named by an import path keeps its dots.
+
+    >>> split_key("krum.variant"), split_key("lab.rules:Trim.beta")
+    (('krum', 'variant'), ('lab.rules:Trim', 'beta'))
+    """
+    colon = key.find(":")
+    dot = key.find(".", colon + 1) if colon >= 0 else key.find(".")
+    return (key[:dot], key[dot + 1:]) if dot >= 0 else (key, "")
+
+
 def merge(cfg: Config, items: dict[str, Any], origin: str) -> Config:
     """Apply ``{key: value}`` (top-level names, dotted section keys, or TOML tables)."""
     for key, value in items.items():
-        if "." in key:
-            section, name = key.split(".", 1)
+        section, name = split_key(key)
+        if name:
             cfg.sections.setdefault(section, {})[name] = value
         elif isinstance(value, dict):  # a table is a section (no setting takes a table), even [attack]
             cfg.sections.setdefault(key, {}).update(value)

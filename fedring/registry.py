@@ -7,6 +7,10 @@ the settings section named after it (``[krum]``, ``[brace]``) or, for attacks, a
 ``attack.*``. Registering is the :meth:`Registry.register` decorator, and a package calls
 :meth:`Registry.discover` so that every module in it is imported: adding a component is one
 new file (and its test). ``docs/contributing.md`` walks through it.
+
+Components outside the package register the same way from the user's own module
+(``--plugin MODULE``), or are named by an import path ``package.module:Name``, which
+:meth:`Registry.get` imports and checks (:mod:`fedring.plugins`, ``docs/tutorial.md``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import pkgutil
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
+from .errors import ConfigError
 from .validate import known_keys, unknown
 
 C = TypeVar("C", bound=type)
@@ -41,18 +46,58 @@ class Registry:
     fedring.errors.ConfigError: shape: unknown shape 'squar'; did you mean 'square'? allowed: square
     """
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, bases: tuple[type, ...] = (), requires: tuple[str, ...] = ()):
         self.kind = kind
+        self.bases = bases
+        self.requires = requires
         self._classes: dict[str, type] = {}
+
+    def base(self, cls: type) -> type:
+        """Class decorator: every component of this kind must subclass ``cls`` (or another base)."""
+        self.bases = (*self.bases, cls)
+        return cls
+
+    def check(self, cls: Any) -> str:
+        """Raise TypeError unless ``cls`` can be a component: a class, a subclass of a base of
+        this kind, with a ``name`` (a non-empty string without ``:``, which marks import paths)
+        and the class attributes this kind ``requires``. Returns the name."""
+        if not inspect.isclass(cls):
+            raise TypeError(f"a {type(cls).__name__}, not a class")
+        if self.bases and not issubclass(cls, self.bases):
+            names = " or ".join(f"{b.__module__}.{b.__qualname__}" for b in self.bases)
+            raise TypeError(f"{cls.__qualname__} is not one of fedring's {self.kind}s: it must subclass {names}")
+        name = getattr(cls, "name", None)
+        if not isinstance(name, str) or not name or ":" in name:
+            raise TypeError(f"{cls.__qualname__} needs a class attribute name, a non-empty string without ':' "
+                            f"(got {name!r})")
+        missing = [attr for attr in self.requires if not hasattr(cls, attr)]
+        if missing:
+            raise TypeError(f"{cls.__qualname__} needs the class attribute(s) {', '.join(missing)} of a {self.kind}")
+        return name
 
     def register(self, cls: C) -> C:
         """Class decorator: make ``cls`` selectable by its ``name``."""
-        component: Any = cls  # a component class declares ``name``; ``type`` in general does not
-        name: str = component.name
+        name = self.check(cls)
         if name in self._classes and self._classes[name] is not cls:
             raise ValueError(f"two {self.kind}s are named {name!r}: {self._classes[name]} and {cls}")
         self._classes[name] = cls
         return cls
+
+    def _import(self, path: str, key: str) -> type:
+        """The class an import path ``package.module:Name`` names, checked as a component."""
+        from . import plugins
+
+        module, _, attr = path.partition(":")
+        obj: Any = plugins.import_module(module, key)
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise ConfigError(key, f"{path}: module {module} has no {attr!r}")
+            obj = getattr(obj, part)
+        try:
+            self.check(obj)
+        except TypeError as e:
+            raise ConfigError(key, f"{path}: {e}") from None
+        return obj
 
     def discover(self, package: str, path) -> None:
         """Import every module of ``package`` (its ``__path__``), which registers what they define."""
@@ -76,7 +121,10 @@ class Registry:
         return [(name, self._classes[name]) for name in self]
 
     def get(self, name: Any, key: str | None = None, hint: str = "") -> type:
-        """The class registered as ``name``; an unknown name raises ConfigError (with a suggestion)."""
+        """The class registered as ``name``, or imported from the path ``package.module:Name`` (and
+        registered under it); an unknown name raises ConfigError (with a suggestion)."""
+        if isinstance(name, str) and ":" in name and name not in self._classes:
+            self._classes[name] = self._import(name, key or self.kind)
         if name not in self._classes:
             raise unknown(key or self.kind, self.kind, name, self, hint)
         return self._classes[name]

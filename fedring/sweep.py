@@ -86,6 +86,7 @@ from .config import (
     load_toml,
     merge,
     parse_value,
+    split_key,
 )
 from .errors import ConfigError
 from .results import FileStatus, read_checkpoint
@@ -184,7 +185,7 @@ def resolve(settings: dict[str, Any], ranks: int, origin: str) -> Config:
     cfg = merge(Config(), top, origin)
     for key, value in settings.items():  # section.key: values may themselves be tables
         if key not in top:
-            section, name = key.split(".", 1)
+            section, name = split_key(key)
             cfg.sections.setdefault(section, {})[name] = value
     cfg.clients = task_of(cfg, ranks).cfg.clients
     return cfg

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from mpi4py import MPI
 
+from . import plugins
 from . import validate as check
 from .config import DEFAULTS, FIELDS, GENERAL, Config
 from .errors import ConfigError
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 TASKS = Registry("task")
 
 
+@TASKS.base
 class Task:
     """Base of the tasks: a run's task, built from its config once the settings are known.
 
@@ -58,7 +60,14 @@ class Task:
 
 
 def validate(cfg: Config, world_size: int) -> Task:
-    """Check every setting for ``world_size`` ranks; fills derived defaults (``clients``, ``out``); the run's task."""
+    """Check every setting for ``world_size`` ranks; fills derived defaults (``clients``, ``out``); the run's task.
+
+    The user's plugins are imported first (:mod:`fedring.plugins`), so that their components are known.
+    """
+    if cfg.resume and not cfg.plugins and cfg.out and Path(cfg.out).is_file():
+        cfg.plugins = plugins.stored(cfg.out)  # the modules the run was started with
+    plugins.load_entry_points()
+    plugins.load(cfg.plugins)
     check.integer("seed", cfg.seed, lo=0)
     check.real("stop_grace", cfg.stop_grace, lo=0, lo_open=True)
     if cfg.task != "train":

@@ -111,3 +111,37 @@ def test_cifar10_from_its_python_batches_and_its_default_model(tmp_path):
         make_model("cnn", 0, c.shape)
     with pytest.raises(ConfigError, match="data_dir: CIFAR-10 files data_batch_1"):
         CIFAR10(str(tmp_path / "none"))
+
+
+def test_cifar10_batch_files_are_data_a_crafted_pickle_runs_nothing(tmp_path):
+    """A batch whose pickle calls os.system (REDUCE) is refused before the call; real batches load."""
+    import os
+    import pickle
+
+    from fedring.datasets.cifar10 import CIFAR10, TEST_FILE, TRAIN_FILES, write_batch
+
+    images = np.arange(2 * 3 * 32 * 32).reshape(2, 3, 32, 32) % 256
+    for name in (*TRAIN_FILES, TEST_FILE):
+        write_batch(tmp_path / name, images, [3, 7])
+    for protocol in (2, 4, 5):  # 2: how the published (Python 2) files were written
+        with open(tmp_path / TRAIN_FILES[1], "wb") as f:
+            pickle.dump({b"data": images.reshape(2, -1).astype(np.uint8), b"labels": [3, 7], b"batch_label": b"b",
+                         b"filenames": [b"a.png", "b.png"]}, f, protocol=protocol)
+        np.testing.assert_array_equal(CIFAR10(str(tmp_path)).train_images(np.array([2, 3])),
+                                      images.astype(np.float32) / np.float32(255))
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    with open(tmp_path / TEST_FILE, "wb") as f:
+        pickle.dump({b"data": Payload(), b"labels": [3, 7]}, f, protocol=2)
+    with pytest.raises(ConfigError, match=rf"^data_dir: {tmp_path / TEST_FILE} is not a CIFAR-10 batch file, refused: "
+                                          r"UnpicklingError: the pickle names posix.system; a data file holds only "
+                                          r"dicts, lists, bytes, str, numbers and numpy arrays$"):
+        CIFAR10(str(tmp_path)).test_labels()
+    assert not marker.exists()
+    (tmp_path / TEST_FILE).write_bytes(b"\x80\x02}q\x00")  # cut short
+    with pytest.raises(ConfigError, match=r"is not a CIFAR-10 batch file, refused: EOFError: Ran out of input$"):
+        CIFAR10(str(tmp_path)).test_labels()

@@ -48,6 +48,7 @@ def as_matrix(X: Any) -> np.ndarray:
     return X
 
 
+@AGGREGATORS.base
 class Aggregator:
     """Base class of every server-side rule.
 
@@ -167,6 +168,7 @@ class Aggregator:
         return f"{type(self).__name__}(f={self.f}{', ' if args else ''}{args})"
 
 
+@PRE_AGGREGATORS.base
 class PreAggregator:
     """A map from n client rows to m rows that composes in front of any rule.
 

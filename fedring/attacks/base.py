@@ -60,6 +60,7 @@ class AttackContext:
     aggregator_name: str = ""
 
 
+@ATTACKS.base
 class ModelAttack:
     """Base of the model-poisoning attacks.
 
@@ -118,6 +119,7 @@ class ModelAttack:
         raise NotImplementedError
 
 
+@ATTACKS.base
 class DataAttack:
     """Base of the data-poisoning attacks: they change the Byzantine clients' batches.
 

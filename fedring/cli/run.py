@@ -50,6 +50,9 @@ def general_options(p: argparse.ArgumentParser) -> None:
     """The options of every task: settings files, --set, seed, output, resume."""
     add = p.add_argument
     add("--config", metavar="FILE.toml", help="settings file (keys as below, sections as [name]); applied first")
+    add("--plugin", dest="plugins", action="append", metavar="MODULE",
+        help="import the user's MODULE on every rank first, so that its components register (repeatable; "
+             "docs/tutorial.md)")
     add("--set", action="append", default=[], metavar="KEY=VALUE",
         help="any setting, as KEY=VALUE or SECTION.KEY=VALUE (after --config, before the options here)")
     add("--seed", type=int, metavar="S", help="every random draw derives from it (default 0)")
@@ -89,7 +92,8 @@ def run_parser() -> ArgumentParser:
     add("--dataset", help=f"{', '.join(DATASETS)} (default {d.dataset}); its default model fits its images")
     add("--data-dir", dest="data_dir", metavar="DIR", help="the data set's files (Fashion-MNIST: default $FEDRING_DATA, else Debian's "
         "/usr/share/datasets/fashion-mnist; CIFAR-10: the cifar-10-batches-py folder)")
-    add("--model", metavar="NAME", help="the network: cnn (28x28 grey images; default) or cnn_cifar (32x32 colour: cifar10)")
+    add("--model", metavar="NAME", help="the network: for 28x28 grey images cnn (default), mlp or lenet5; for 32x32 colour "
+        "(cifar10) cnn_cifar or resnet18_gn; or package.module:Name (docs/tutorial.md)")
     add("--partition", help=f"{', '.join(PARTITIONS)} (default {d.partition})")
     add("--noniid", type=float, metavar="X", help=f"Fang's degree q, or the Dirichlet alpha (default {d.noniid})")
     add("--rounds", type=int, metavar="R",
@@ -211,6 +215,10 @@ def run(argv: list[str], parser: ArgumentParser | None = None, section: str | No
         try:
             task = build_task(argv, comm.size, parser, section)
             watchdog.grace = task.cfg.stop_grace
+        except ConfigError as e:
+            error = e
+        agree_on_config_error(comm, error)  # before prepare's collectives: a plugin may fail on one rank only
+        try:
             work = task.prepare(comm)
         except ConfigError as e:
             error = e

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedring.config import split_key
 from fedring.errors import ConfigError
 from fedring.results import FileStatus
 from fedring.sweep import (
@@ -125,8 +126,8 @@ def _table(sweep: Sweep, rows: list[tuple[str, str]]) -> str:
     for i, (cfg, h, (kind, note)) in enumerate(zip(sweep.configs, sweep.hashes, rows)):
         values = []
         for c in cols:
-            sec, dot, key = c.partition(".")
-            values.append(cfg.sections.get(sec, {}).get(key) if dot else getattr(cfg, c))
+            sec, key = split_key(c)
+            values.append(cfg.sections.get(sec, {}).get(key) if key else getattr(cfg, c))
         body.append([str(i), h, kind, *("" if v is None else str(v) for v in values), note])
     widths = [max(len(r[j]) for r in [header, *body]) for j in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header, *body])

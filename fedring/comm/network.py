@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 from mpi4py import MPI
 
+from fedring.errors import ConfigError
 from fedring.validate import fills_ranks
 
 #: Ledger phases that are not part of the protocol under study (the adversary's side

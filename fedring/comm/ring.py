@@ -100,6 +100,7 @@ class RingResult:
     rows: dict = field(default_factory=dict)
 
 
+@RING_RULES.base
 class RingRule:
     """Base of the ring rules: ``rule.aggregate(net, grads)`` runs one round and returns its
     :class:`RingResult`; ``rule(net, grads)`` returns just the update.

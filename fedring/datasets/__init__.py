@@ -15,6 +15,7 @@ from fedring.registry import Registry
 DATASETS = Registry("dataset")
 
 
+@DATASETS.base
 class Dataset:
     """Base of the data sets: images as float32 in [0, 1], shape ``(k, *shape)``; labels int64.
 

@@ -16,12 +16,45 @@ TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILE = "test_batch"
 
 
+#: the only globals a batch file's pickle may name: numpy's array reconstruction (under numpy 1's
+#: and numpy 2's module names), and ``_codecs.encode``, with which protocol 2 stores bytes
+ALLOWED_GLOBALS = frozenset({
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("_codecs", "encode"),
+})
+
+
+class DataUnpickler(pickle.Unpickler):
+    r"""Reads pickled data and nothing else: dicts, lists, bytes, str, numbers and numpy arrays.
+
+    A pickle may name any importable callable and call it on load (``os.system`` ...); this one
+    resolves only :data:`ALLOWED_GLOBALS`, so a crafted file is refused before anything runs.
+
+    >>> import io
+    >>> DataUnpickler(io.BytesIO(b"cos\nsystem\n(S'echo pwned'\ntR.")).load()
+    Traceback (most recent call last):
+    _pickle.UnpicklingError: the pickle names os.system; a data file holds only dicts, lists, bytes, str, numbers and numpy arrays
+    """
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in ALLOWED_GLOBALS:
+            raise pickle.UnpicklingError(f"the pickle names {module}.{name}; a data file holds only dicts, lists, "
+                                         "bytes, str, numbers and numpy arrays")
+        return super().find_class(module, name)
+
+
 def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """One batch file: ``(images (k, 3, 32, 32) uint8, labels (k,) int64)``."""
-    with open(path, "rb") as f:
-        batch = pickle.load(f, encoding="bytes")
-    data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-    return data, np.asarray(batch[b"labels"], dtype=np.int64)
+    """One batch file: ``(images (k, 3, 32, 32) uint8, labels (k,) int64)``; a file that is not a
+    batch, or names anything but numpy arrays (:class:`DataUnpickler`), is a ConfigError."""
+    try:
+        with open(path, "rb") as f:
+            batch = DataUnpickler(f, encoding="bytes").load()
+        data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        return data, np.asarray(batch[b"labels"], dtype=np.int64)
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError) as e:
+        raise ConfigError("data_dir", f"{path} is not a CIFAR-10 batch file, refused: {type(e).__name__}: {e}") from None
 
 
 def write_batch(path: Path, images: np.ndarray, labels: np.ndarray) -> None:

@@ -23,6 +23,7 @@ SCHEDULES = Registry("lr_schedule")
 
 
 @SCHEDULES.register
+@SCHEDULES.base
 class Schedule:
     """``factor(t, rounds)``: the multiplier of ``lr`` in round ``t``; 1 for ``constant``."""
 

@@ -18,16 +18,24 @@ PARTITIONS = ("iid", "fang", "dirichlet")
 MAX_THREADS = 1024
 
 
-def aggregator_names(topology: str) -> list[str]:
-    """The rules that run on ``topology``."""
+def aggregator_rules(topology: str):
+    """The registry of the rules that run on ``topology``."""
     from fedring.aggregators import AGGREGATORS
     from fedring.comm import RING_RULES
 
-    return list(RING_RULES if topology == "ring" else AGGREGATORS)
+    return RING_RULES if topology == "ring" else AGGREGATORS
+
+
+def aggregator_names(topology: str) -> list[str]:
+    """The rules that run on ``topology``."""
+    return list(aggregator_rules(topology))
 
 
 def check_aggregator(cfg: Config) -> None:
     """The rule exists and runs on the topology; a near miss or a rule of the other topology gets a hint."""
+    if ":" in cfg.aggregator:  # an import path: imported and checked as a rule of this topology
+        aggregator_rules(cfg.topology).get(cfg.aggregator, "aggregator")
+        return
     here = aggregator_names(cfg.topology)
     if cfg.aggregator in here:
         return
@@ -115,9 +123,13 @@ class TrainTask(Task):
         check_components(cfg)
 
     def default_out(self) -> str:
+        def short(name: str) -> str:  # an import path by its class name
+            return name.rpartition(":")[2]
+
         cfg = self.cfg
-        attack = "" if cfg.attack == "none" else f"-{cfg.attack}"
-        return f"results/{cfg.topology}-{cfg.aggregator}{attack}-{cfg.dataset}-n{cfg.clients}-seed{cfg.seed}.h5"
+        attack = "" if cfg.attack == "none" else f"-{short(cfg.attack)}"
+        return (f"results/{cfg.topology}-{short(cfg.aggregator)}{attack}-{short(cfg.dataset)}-n{cfg.clients}"
+                f"-seed{cfg.seed}.h5")
 
     def steps(self) -> tuple[int, str]:
         return self.cfg.rounds, "rounds"

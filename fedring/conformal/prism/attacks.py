@@ -25,6 +25,7 @@ from fedring.validate import choice, real
 CALIB_ATTACKS = Registry("calibration attack")
 
 
+@CALIB_ATTACKS.base
 class CalibrationAttack:
     """Base of the calibration attacks.
 
