@@ -56,9 +56,30 @@ class Net(nn.Sequential):
 """
 
 
+@pytest.fixture(autouse=True)
+def registries():
+    """Every registry as it was before the test: a plugin's components do not outlive it (other
+    in-process tests list the registered names)."""
+    from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS
+    from fedring.attacks import ATTACKS
+    from fedring.comm import RING_RULES
+    from fedring.conformal.prism.attacks import CALIB_ATTACKS
+    from fedring.datasets import DATASETS
+    from fedring.tasks import TASKS
+    from fedring.train.models import MODELS
+    from fedring.train.schedules import SCHEDULES
+
+    every = (AGGREGATORS, PRE_AGGREGATORS, ATTACKS, RING_RULES, CALIB_ATTACKS, DATASETS, TASKS, MODELS, SCHEDULES)
+    saved = [dict(r._classes) for r in every]
+    yield
+    for registry, classes in zip(every, saved):
+        registry._classes.clear()
+        registry._classes.update(classes)
+
+
 @pytest.fixture
 def lab(tmp_path, monkeypatch, request):
-    """A plugin module under a name of its own (the registries are per process)."""
+    """A plugin module under a name of its own (a module, once imported, stays in sys.modules)."""
     name = f"lab_{request.node.name.replace('[', '_').replace(']', '').replace('-', '_')}"
     (tmp_path / f"{name}.py").write_text(LAB.format(prefix=name))
     monkeypatch.syspath_prepend(str(tmp_path))
