@@ -34,21 +34,22 @@ def train_round(tr: Trainer, t: int) -> None:
     tr.apply(update, t)
 
 
-def open_results(tr: Trainer) -> ResultsFile:
+def open_results(tr: Trainer, first_checkpoint: dict | None) -> ResultsFile:
     cfg = tr.cfg
     if cfg.resume:
         return ResultsFile.reopen(cfg.out, tr.start_round)
     results = ResultsFile.create(cfg, tr.comm.size, {"n_clients": cfg.clients, "n_parameters": tr.d})
     results.write("byzantine/clients", tr.byzantine)
     # round 0 checkpoint: a run that dies before its first checkpoint still resumes
-    results.write_checkpoint(tr.checkpoint_arrays(), {"round": 0, "bytes_sent_total": 0, "wall_seconds": 0.0})
+    results.write_checkpoint(first_checkpoint, {"round": 0, "bytes_sent_total": 0, "wall_seconds": 0.0})
     return results
 
 
 def train(tr: Trainer, watchdog: Watchdog) -> int:
     """Run (or resume) a whole training job; rank 0 streams results into ``cfg.out``."""
     cfg, comm, rank0 = tr.cfg, tr.comm, tr.comm.rank == 0
-    results = open_results(tr) if rank0 else None
+    first_checkpoint = None if cfg.resume else tr.checkpoint_arrays()  # collective
+    results = open_results(tr, first_checkpoint) if rank0 else None
     if rank0:
         results.h5.attrs["world_size"] = comm.size
         watchdog.on_abort.append(results.close)
@@ -83,11 +84,11 @@ def train(tr: Trainer, watchdog: Watchdog) -> int:
             if evaluated:
                 progress.line(rnd, f"test_acc {scores['test_accuracy']:.4f}  bytes_sent {total_bytes / 1e6:,.1f} MB")
         stopping = watchdog.stop_requested() and rnd < cfg.rounds
-        if rank0 and (rnd % cfg.checkpoint_every == 0 or stopping):
-            results.write_checkpoint(
-                tr.checkpoint_arrays(),
-                {"round": rnd, "bytes_sent_total": total_bytes, "wall_seconds": progress.elapsed()},
-            )
+        if rnd % cfg.checkpoint_every == 0 or stopping:
+            arrays = tr.checkpoint_arrays()  # collective: the clients' rows are gathered to rank 0
+            if rank0:
+                results.write_checkpoint(
+                    arrays, {"round": rnd, "bytes_sent_total": total_bytes, "wall_seconds": progress.elapsed()})
         if stopping:
             if rank0:
                 results.close("preempted")

@@ -1,0 +1,128 @@
+"""Per-client state that lives beside the shared model: rows of this rank's clients.
+
+A rank holds one row per local client (client momentum, BatchNorm statistics kept per client), so
+memory is O(local clients x row) per rank. A checkpoint gathers the rows to rank 0 in client order
+(:func:`gather_rows`); ``--resume`` sends each rank its rows back (:func:`scatter_rows`). Both are
+plain MPI collectives outside the protocol's counted traffic, like the checkpoint itself.
+
+:class:`ModelBuffers` keeps a model's buffers (BatchNorm running statistics), which are not
+parameters: the flat vector the protocols move does not hold them (``docs/training.md``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from mpi4py import MPI
+from torch import nn
+
+from fedring.comm import Layout
+
+BN_STATS = ("aggregate", "local")
+
+
+def _counts(layout: Layout, width: int) -> tuple[np.ndarray, np.ndarray]:
+    counts = np.diff(layout.bounds) * width
+    return counts, np.concatenate([[0], np.cumsum(counts)[:-1]])
+
+
+def gather_rows(layout: Layout, local: np.ndarray) -> np.ndarray | None:
+    """This rank's rows ``(n_local, ...)`` -> every client's rows ``(n_clients, ...)`` on rank 0, None elsewhere."""
+    width = int(np.prod(local.shape[1:]))
+    out = np.empty((layout.n_clients, *local.shape[1:]), local.dtype) if layout.rank == 0 else None
+    counts, displs = _counts(layout, width)
+    layout.comm.Gatherv(np.ascontiguousarray(local), [out, counts, displs, MPI._typedict[local.dtype.char]] if
+                        layout.rank == 0 else None, root=0)
+    return out
+
+
+def scatter_rows(layout: Layout, rows: np.ndarray | None, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Rank 0's ``(n_clients, *shape)`` rows -> this rank's ``(n_local, *shape)``."""
+    width = int(np.prod(shape))
+    out = np.empty((layout.n_local, *shape), dtype)
+    counts, displs = _counts(layout, width)
+    send = [np.ascontiguousarray(rows, dtype), counts, displs, MPI._typedict[out.dtype.char]] if layout.rank == 0 else None
+    layout.comm.Scatterv(send, out, root=0)
+    return out
+
+
+def allgather_rows(layout: Layout, local: np.ndarray) -> np.ndarray:
+    """Every client's rows on every rank, in client order."""
+    width = int(np.prod(local.shape[1:]))
+    out = np.empty((layout.n_clients, *local.shape[1:]), local.dtype)
+    counts, displs = _counts(layout, width)
+    layout.comm.Allgatherv(np.ascontiguousarray(local), [out, counts, displs, MPI._typedict[local.dtype.char]])
+    return out
+
+
+class ModelBuffers:
+    """A model's buffers as one float64 vector, with ``bn_stats`` deciding whose statistics a client uses.
+
+    * ``aggregate`` (default): every client starts its local training from the shared statistics;
+      after the round the shared statistics are the mean over all clients of theirs (the FedAvg of
+      the model's state, as the buffers are averaged by FedAvg implementations), summed in client
+      order in float64, so the result is the same on any number of ranks. Evaluation uses them.
+    * ``local``: each client keeps its own statistics (FedBN, Li et al., ICLR 2021), trains and
+      evaluates its test slice with them; nothing is exchanged.
+
+    Integer buffers (``num_batches_tracked``) are averaged and rounded. Float32 buffers are exact in
+    float64. A model without buffers makes every method a no-op (no communication).
+    """
+
+    def __init__(self, model: nn.Module, mode: str, layout: Layout):
+        self.tensors = list(model.buffers())
+        self.mode, self.layout = mode, layout
+        self.shared = self.read()
+        self.rows = np.tile(self.shared, (layout.n_local, 1))
+
+    @property
+    def size(self) -> int:
+        return self.shared.size
+
+    def read(self) -> np.ndarray:
+        if not self.tensors:
+            return np.zeros(0)
+        return np.concatenate([b.detach().numpy().astype(np.float64).reshape(-1) for b in self.tensors])
+
+    def write(self, vec: np.ndarray) -> None:
+        k = 0
+        with torch.no_grad():
+            for b in self.tensors:
+                part = vec[k : k + b.numel()].reshape(b.shape)
+                b.copy_(torch.from_numpy(np.asarray(part if b.is_floating_point() else np.rint(part))))
+                k += b.numel()
+
+    def use(self, k: int) -> None:
+        """Load the statistics local client ``k`` trains or is evaluated with."""
+        if self.size:
+            self.write(self.rows[k] if self.mode == "local" else self.shared)
+
+    def keep(self, k: int) -> None:
+        """Store local client ``k``'s statistics after its local training."""
+        if self.size:
+            self.rows[k] = self.read()
+
+    def aggregate(self) -> None:
+        """End of a round: the shared statistics become the mean over the clients (``aggregate`` mode)."""
+        if self.size and self.mode == "aggregate":
+            self.shared = allgather_rows(self.layout, self.rows).sum(axis=0) / self.layout.n_clients
+            self.write(self.shared)
+
+    def checkpoint(self) -> dict[str, np.ndarray]:
+        """Collective: the arrays a checkpoint stores (on rank 0)."""
+        if not self.size:
+            return {}
+        if self.mode == "aggregate":
+            return {"buffers": self.shared}
+        return {"buffers": gather_rows(self.layout, self.rows)}
+
+    def restore(self, buffers: np.ndarray | None) -> None:
+        """Collective: load a checkpoint's ``buffers`` (rank 0's copy; the shared vector is on every rank)."""
+        if not self.size:
+            return
+        if self.mode == "aggregate":
+            self.shared = np.array(buffers, np.float64) if self.layout.rank == 0 else np.empty(self.size)
+            self.layout.comm.Bcast(self.shared, root=0)
+            self.write(self.shared)
+        else:
+            self.rows = scatter_rows(self.layout, buffers, (self.size,), np.float64)
