@@ -78,7 +78,7 @@ def run_parser() -> ArgumentParser:
     add("--attack", metavar="NAME", help=f"none, {', '.join(ATTACKS)} (default none); parameters as attack.KEY")
     add("--dataset", help=f"{', '.join(DATASETS)} (default {d.dataset}); its default model fits its images")
     add("--data-dir", dest="data_dir", metavar="DIR", help="the data set's files (Fashion-MNIST: default $FEDRING_DATA, else Debian's /usr/share/datasets/fashion-mnist; CIFAR-10: the cifar-10-batches-py folder)")
-    add("--model", metavar="NAME", help="the network: cnn (28x28 grey images; default) or cnn_cifar (32x32 colour: cifar10)")
+    add("--model", metavar="NAME", help="the network: cnn (28x28 grey images; default), cnn_bn (cnn with BatchNorm) or cnn_cifar (32x32 colour: cifar10)")
     add("--partition", help=f"{', '.join(PARTITIONS)} (default {d.partition})")
     add("--noniid", type=float, metavar="X", help=f"Fang's degree q, or the Dirichlet alpha (default {d.noniid})")
     add("--rounds", type=int, metavar="R", help=f"communication rounds (default {d.rounds})")

@@ -94,8 +94,11 @@ def train(tr: Trainer, watchdog: Watchdog) -> int:
                 results.close("preempted")
                 print(f"stopped by signal after round {rnd}; resume with --resume (results: {cfg.out})", flush=True)
             return EXIT_PREEMPTED
+    buffers = tr.buffers.checkpoint()  # collective: BatchNorm statistics, shared or every client's
     if rank0:
         results.write("model/final", tr.w)
+        if buffers:
+            results.write("model/buffers", buffers["buffers"])
         results.close("complete")
         if not cfg.quiet:
             print(f"results: {cfg.out}", file=sys.stdout, flush=True)
