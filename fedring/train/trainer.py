@@ -5,8 +5,9 @@ Determinism: every random draw comes from :func:`fedring.rng.generator`, keyed b
 the client (or the run), the round and the purpose, and the model is initialised from
 ``seed``; every ring chunk is summed in ring order. So the same seed gives
 bit-identical results, final model included, on any number of ranks (with the same
-``threads``), and a resumed run needs no RNG state: only the model, the aggregator's state
-and the round counter are checkpointed.
+``threads``), and a resumed run needs no RNG state: only the model, the aggregator's state,
+the optimizers' state (:mod:`fedring.train.optim`), the model's buffers and the round counter
+are checkpointed.
 """
 
 from __future__ import annotations
