@@ -23,7 +23,7 @@ SETTINGS = {
     # a server rule under an omniscient attack on momentum vectors: FedYogi, BatchNorm statistics kept per
     # client, one local epoch
     "server-yogi": ["--topology", "server", "--aggregator", "median", "--byzantine", "1", "--attack", "alie",
-                    "--set", "local_epochs=1", "--set", "momentum=0.5", "--set", "server_optimizer=yogi",
+                    "--set", "local_epochs=1", "--batch-size", "256", "--set", "momentum=0.5", "--set", "server_optimizer=yogi",
                     "--set", "bn_stats=local", "--set", "validation=0.2"],
 }
 

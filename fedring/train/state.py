@@ -1,9 +1,10 @@
 """Per-client state that lives beside the shared model: rows of this rank's clients.
 
 A rank holds one row per local client (client momentum, BatchNorm statistics kept per client), so
-memory is O(local clients x row) per rank. A checkpoint gathers the rows to rank 0 in client order
-(:func:`gather_rows`); ``--resume`` sends each rank its rows back (:func:`scatter_rows`). Both are
-plain MPI collectives outside the protocol's counted traffic, like the checkpoint itself.
+memory is O(local clients x row) per rank, rank 0 included: a checkpoint writes every client's
+momentum rows one rank's block at a time (:class:`CheckpointRows`), and ``--resume`` reads each
+rank's block from the file and sends it there (:func:`rows_from_file`). BatchNorm rows are small and
+simply gathered. These messages are outside the protocol's counted traffic, like the checkpoint.
 
 :class:`ModelBuffers` keeps a model's buffers (BatchNorm running statistics), which are not
 parameters: the flat vector the protocols move does not hold them (``docs/training.md``).
@@ -11,6 +12,7 @@ parameters: the flat vector the protocols move does not hold them (``docs/traini
 
 from __future__ import annotations
 
+import h5py
 import numpy as np
 import torch
 from mpi4py import MPI
@@ -26,13 +28,59 @@ def _counts(layout: Layout, width: int) -> tuple[np.ndarray, np.ndarray]:
     return counts, np.concatenate([[0], np.cumsum(counts)[:-1]])
 
 
+class CheckpointRows:
+    """Every client's rows ``(n_clients, ...)`` as a checkpoint array that rank 0 writes block by block.
+
+    Built on every rank (collective): rank 0 gets the object, which
+    :meth:`fedring.results.ResultsFile.write_checkpoint` asks to :meth:`write_into` the dataset,
+    receiving each rank's block in turn; the other ranks send their block and get None.
+    """
+
+    def __new__(cls, comm: MPI.Comm, layout: Layout, local: np.ndarray):
+        local = np.ascontiguousarray(local)
+        if layout.rank != 0:
+            comm.Send(local, dest=0)
+            return None
+        self = super().__new__(cls)
+        self.comm, self.layout, self.local = comm, layout, local
+        self.shape, self.dtype = (layout.n_clients, *local.shape[1:]), local.dtype
+        self.nbytes = int(np.prod(self.shape)) * local.itemsize
+        return self
+
+    def write_into(self, ds: h5py.Dataset) -> None:
+        bounds = self.layout.bounds
+        for r in range(self.layout.size):
+            block = self.local
+            if r:
+                block = np.empty((bounds[r + 1] - bounds[r], *self.shape[1:]), self.dtype)
+                self.comm.Recv(block, source=r)
+            ds[bounds[r] : bounds[r + 1]] = block
+
+
+def rows_from_file(comm: MPI.Comm, layout: Layout, path: str, name: str, out: np.ndarray) -> None:
+    """Collective: this rank's block of the current checkpoint's ``name`` into ``out``; rank 0 reads
+    each rank's block from the file in turn and sends it, never holding more than one block."""
+    if layout.rank != 0:
+        comm.Recv(out, source=0)
+        return
+    with h5py.File(path, "r") as f:
+        ds = f["checkpoint"][f["checkpoint"].attrs["current"]][name]
+        for r in range(layout.size - 1, -1, -1):
+            block = np.ascontiguousarray(ds[layout.bounds[r] : layout.bounds[r + 1]], out.dtype)
+            if r:
+                comm.Send(block, dest=r)
+            else:
+                out[:] = block
+
+
 def gather_rows(layout: Layout, local: np.ndarray) -> np.ndarray | None:
-    """This rank's rows ``(n_local, ...)`` -> every client's rows ``(n_clients, ...)`` on rank 0, None elsewhere."""
+    """This rank's rows ``(n_local, ...)`` -> every client's rows ``(n_clients, ...)`` on rank 0, None elsewhere
+    (for small rows: rank 0 holds them all)."""
     width = int(np.prod(local.shape[1:]))
     out = np.empty((layout.n_clients, *local.shape[1:]), local.dtype) if layout.rank == 0 else None
     counts, displs = _counts(layout, width)
-    layout.comm.Gatherv(np.ascontiguousarray(local), [out, counts, displs, MPI._typedict[local.dtype.char]] if
-                        layout.rank == 0 else None, root=0)
+    recv = [out, counts, displs, MPI._typedict[local.dtype.char]] if layout.rank == 0 else None
+    layout.comm.Gatherv(np.ascontiguousarray(local), recv, root=0)
     return out
 
 
@@ -109,7 +157,8 @@ class ModelBuffers:
             self.write(self.shared)
 
     def checkpoint(self) -> dict[str, np.ndarray]:
-        """Collective: the arrays a checkpoint stores (on rank 0)."""
+        """Collective: the arrays a checkpoint stores (on rank 0); every client's rows with ``local``, which
+        are small (a few numbers per channel)."""
         if not self.size:
             return {}
         if self.mode == "aggregate":

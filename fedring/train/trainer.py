@@ -32,7 +32,7 @@ from .data import FederatedData, Shard
 from .models import flat_grad_into, flatten, load_flat, make_model
 from .optim import ClientOptimizer, make_server_optimizer
 from .schedules import make_schedule
-from .state import ModelBuffers, gather_rows, scatter_rows
+from .state import CheckpointRows, ModelBuffers, rows_from_file
 
 EVAL_BATCH = 500
 
@@ -148,15 +148,14 @@ class Adversary:
 
 def stored_checkpoint(cfg: Config) -> dict:
     """The checkpoint ``--resume`` continues from: ``w``, the aggregator ``state``, the server
-    optimizer's (``optim``), the clients' (``client``: rows of every client), the model's
-    ``buffers`` and counters (the checks are :func:`fedring.results.resume_point`'s)."""
-    arrays, attrs = resume_point(cfg)
+    optimizer's (``optim``), the model's ``buffers`` and counters (the checks are :func:`fedring.results.resume_point`'s)."""
+    arrays, attrs = resume_point(cfg, skip=("client_",))  # the clients' rows are read per rank (rows_from_file)
 
     def prefixed(prefix: str) -> dict:
         return {k[len(prefix):]: np.array(v) for k, v in arrays.items() if k.startswith(prefix)}
 
-    return {"w": arrays["w"], "state": prefixed("state_"), "optim": prefixed("optim_"), "client": prefixed("client_"),
-            "buffers": arrays.get("buffers"), **attrs}
+    return {"w": arrays["w"], "state": prefixed("state_"), "optim": prefixed("optim_"), "buffers": arrays.get("buffers"),
+            **attrs}
 
 
 class Trainer:
@@ -185,6 +184,7 @@ class Trainer:
         self.client_state = self.client_opt.init(self.layout.n_local, self.d)
         self.server_opt = make_server_optimizer(cfg.server_optimizer, cfg.section(cfg.server_optimizer))
         self.server_state = self.server_opt.init(self.d)  # the same on every replica: it sees the same updates
+        self.rows_comm = comm.Dup()  # checkpoint rows, apart from the protocol's messages
         self.buffers = ModelBuffers(self.model, cfg.bn_stats, self.layout)
         self.batch_loss = np.zeros(cfg.clients)
         self.nonfinite = np.zeros(cfg.clients, np.uint8)
@@ -197,12 +197,12 @@ class Trainer:
     def _load_checkpoint(self) -> None:
         """Rank 0 reads and checks the stored run; every rank gets the model and round, or the
         same ConfigError (a complete file, another config, no checkpoint, an unreadable file).
-        Per-client rows are sent to the ranks hosting the clients, not broadcast."""
-        rows: dict = {}
+        Per-client rows go to the ranks hosting the clients, one rank's block at a time."""
+        buffers = {}
 
         def read() -> dict:
             ckpt = stored_checkpoint(self.cfg)
-            rows.update(client=ckpt.pop("client"), buffers=ckpt.pop("buffers"))
+            buffers["stored"] = ckpt.pop("buffers")
             return ckpt
 
         ckpt = on_rank0(self.comm, read)
@@ -211,8 +211,8 @@ class Trainer:
         self.topology.state.update(ckpt["state"])
         self.server_state.update(ckpt["optim"])
         for name, local in self.client_state.items():
-            local[:] = scatter_rows(self.layout, rows.get("client", {}).get(name), local.shape[1:], local.dtype)
-        self.buffers.restore(rows.get("buffers"))
+            rows_from_file(self.rows_comm, self.layout, self.cfg.out, f"client_{name}", local)
+        self.buffers.restore(buffers.get("stored"))
         self.start_round = int(ckpt["round"])
         self.resumed = ckpt
 
@@ -223,10 +223,12 @@ class Trainer:
         return train(self, watchdog)
 
     def checkpoint_arrays(self) -> dict[str, np.ndarray]:
-        """Collective (the clients' rows are gathered): the arrays of a checkpoint, on rank 0."""
-        clients = {f"client_{k}": gather_rows(self.layout, v) for k, v in self.client_state.items()}
+        """Collective: the arrays of a checkpoint, on rank 0. The clients' rows come last: the other ranks send
+        them once rank 0 writes, so rank 0 must write them before its next collective."""
+        buffers = self.buffers.checkpoint()
+        clients = {f"client_{k}": CheckpointRows(self.rows_comm, self.layout, v) for k, v in self.client_state.items()}
         return {"w": self.w, **{f"state_{k}": v for k, v in self.topology.state.items()},
-                **{f"optim_{k}": v for k, v in self.server_state.items()}, **clients, **self.buffers.checkpoint()}
+                **{f"optim_{k}": v for k, v in self.server_state.items()}, **buffers, **clients}
 
     def lr_at(self, t: int) -> float:
         """The step size of round ``t``: ``lr`` times the schedule's factor."""
