@@ -8,7 +8,9 @@ FedAdam, and both; the configurations are interleaved ``--repeat`` times so a bu
 slows them alike. Prints, per configuration, the best wall time (the results file's
 ``wall_seconds``), its ratio to plain SGD, and the job's peak proportional set size per rank
 (``benchmarks/peak_memory.sh``), beside the state the optimizers add per rank by construction:
-client momentum ``local clients x d`` float32, FedAdam ``2 d`` float32.
+client momentum ``local clients x d`` float32, FedAdam ``2 d`` float32. First it times the
+updates alone (best of 200 calls at the CNN's d) beside one client's mini-batch gradient, which a
+busy machine slows far less than it does whole runs.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import h5py
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = {
@@ -31,6 +35,49 @@ CONFIGS = {
 }
 
 
+def best_seconds(fn, repeat: int = 200) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def update_costs() -> None:
+    """Per-call time of each optimizer update at the Fashion-MNIST CNN's d, beside one client's gradient."""
+    import torch
+    import torch.nn.functional as F
+
+    from fedring.train.models import make_model
+    from fedring.train.optim import ClientOptimizer, make_server_optimizer
+
+    torch.set_num_threads(1)
+    model = make_model("cnn", 0)
+    d = sum(p.numel() for p in model.parameters())
+    x, y = torch.rand(32, 1, 28, 28), torch.randint(0, 10, (32,))
+
+    def gradient():
+        model.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+
+    g = np.random.default_rng(0).standard_normal(d).astype(np.float32)
+    w = g.copy()
+    rows = {}
+    for name, opt in {"client momentum 0.9": ClientOptimizer(0.9), "client nesterov": ClientOptimizer(0.9, True),
+                      "client weight decay + clipping": ClientOptimizer(weight_decay=1e-4, clip_norm=1.0)}.items():
+        state = opt.init(1, d)
+        rows[name] = best_seconds(lambda opt=opt, state=state: opt.direction(state, 0, opt.gradient(g.copy(), w)))
+    for name in ("sgd", "momentum", "adam", "yogi", "adagrad"):
+        opt = make_server_optimizer(name)
+        state = opt.init(d)
+        rows[f"server {name}"] = best_seconds(lambda opt=opt, state=state: opt.update(state, g, 0.1))
+    grad = best_seconds(gradient, 50)
+    print(f"updates at d = {d:,} (best of 200 calls), beside one client's gradient on a batch of 32: {grad * 1e3:.2f} ms")
+    for name, sec in rows.items():
+        print(f"  {name:32s} {sec * 1e3:7.3f} ms  ({sec / grad:.4f} of a gradient)")
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=2)
@@ -38,6 +85,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--repeat", type=int, default=2)
     args = p.parse_args(argv)
+    update_costs()
     wall: dict[str, list[float]] = {name: [] for name in CONFIGS}
     pss: dict[str, list[int]] = {name: [] for name in CONFIGS}
     with tempfile.TemporaryDirectory() as tmp:
