@@ -198,11 +198,11 @@ class Trainer:
         """Rank 0 reads and checks the stored run; every rank gets the model and round, or the
         same ConfigError (a complete file, another config, no checkpoint, an unreadable file).
         Per-client rows go to the ranks hosting the clients, one rank's block at a time."""
-        buffers = {}
+        model_buffers = {}  # rank 0's copy, which restore() sends on
 
         def read() -> dict:
             ckpt = stored_checkpoint(self.cfg)
-            buffers["stored"] = ckpt.pop("buffers")
+            model_buffers["stored"] = ckpt.pop("buffers")
             return ckpt
 
         ckpt = on_rank0(self.comm, read)
@@ -212,7 +212,7 @@ class Trainer:
         self.server_state.update(ckpt["optim"])
         for name, local in self.client_state.items():
             rows_from_file(self.rows_comm, self.layout, self.cfg.out, f"client_{name}", local)
-        self.buffers.restore(buffers.get("stored"))
+        self.buffers.restore(model_buffers.get("stored"))
         self.start_round = int(ckpt["round"])
         self.resumed = ckpt
 
