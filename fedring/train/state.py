@@ -2,7 +2,7 @@
 
 A rank holds one row per local client (client momentum, BatchNorm statistics kept per client), so
 memory is O(local clients x row) per rank, rank 0 included: a checkpoint writes every client's
-momentum rows one rank's block at a time (:class:`CheckpointRows`), and ``--resume`` reads each
+momentum rows one rank's block at a time (:func:`checkpoint_rows`), and ``--resume`` reads each
 rank's block from the file and sends it there (:func:`rows_from_file`). BatchNorm rows are small and
 simply gathered. These messages are outside the protocol's counted traffic, like the checkpoint.
 
@@ -28,24 +28,24 @@ def _counts(layout: Layout, width: int) -> tuple[np.ndarray, np.ndarray]:
     return counts, np.concatenate([[0], np.cumsum(counts)[:-1]])
 
 
+def checkpoint_rows(comm: MPI.Comm, layout: Layout, local: np.ndarray) -> CheckpointRows | None:
+    """Collective: every client's rows as a checkpoint array on rank 0 (:class:`CheckpointRows`); the
+    other ranks send their block, which rank 0 receives when it writes, and get None."""
+    if layout.rank != 0:
+        comm.Send(np.ascontiguousarray(local), dest=0)
+        return None
+    return CheckpointRows(comm, layout, local)
+
+
 class CheckpointRows:
-    """Every client's rows ``(n_clients, ...)`` as a checkpoint array that rank 0 writes block by block.
+    """Every client's rows ``(n_clients, ...)`` as a checkpoint array that rank 0 writes block by block:
+    :meth:`fedring.results.ResultsFile.write_checkpoint` asks it to :meth:`write_into` the dataset, and
+    it receives each rank's block in turn."""
 
-    Built on every rank (collective): rank 0 gets the object, which
-    :meth:`fedring.results.ResultsFile.write_checkpoint` asks to :meth:`write_into` the dataset,
-    receiving each rank's block in turn; the other ranks send their block and get None.
-    """
-
-    def __new__(cls, comm: MPI.Comm, layout: Layout, local: np.ndarray):
-        local = np.ascontiguousarray(local)
-        if layout.rank != 0:
-            comm.Send(local, dest=0)
-            return None
-        self = super().__new__(cls)
-        self.comm, self.layout, self.local = comm, layout, local
+    def __init__(self, comm: MPI.Comm, layout: Layout, local: np.ndarray):
+        self.comm, self.layout, self.local = comm, layout, np.ascontiguousarray(local)
         self.shape, self.dtype = (layout.n_clients, *local.shape[1:]), local.dtype
         self.nbytes = int(np.prod(self.shape)) * local.itemsize
-        return self
 
     def write_into(self, ds: h5py.Dataset) -> None:
         bounds = self.layout.bounds
@@ -156,7 +156,7 @@ class ModelBuffers:
             self.shared = allgather_rows(self.layout, self.rows).sum(axis=0) / self.layout.n_clients
             self.write(self.shared)
 
-    def checkpoint(self) -> dict[str, np.ndarray]:
+    def checkpoint(self) -> dict[str, np.ndarray | None]:
         """Collective: the arrays a checkpoint stores (on rank 0); every client's rows with ``local``, which
         are small (a few numbers per channel)."""
         if not self.size:

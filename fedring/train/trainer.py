@@ -32,7 +32,7 @@ from .data import FederatedData, Shard
 from .models import flat_grad_into, flatten, load_flat, make_model
 from .optim import ClientOptimizer, make_server_optimizer
 from .schedules import make_schedule
-from .state import CheckpointRows, ModelBuffers, rows_from_file
+from .state import ModelBuffers, checkpoint_rows, rows_from_file
 
 EVAL_BATCH = 500
 
@@ -222,11 +222,11 @@ class Trainer:
 
         return train(self, watchdog)
 
-    def checkpoint_arrays(self) -> dict[str, np.ndarray]:
+    def checkpoint_arrays(self) -> dict:
         """Collective: the arrays of a checkpoint, on rank 0. The clients' rows come last: the other ranks send
         them once rank 0 writes, so rank 0 must write them before its next collective."""
         buffers = self.buffers.checkpoint()
-        clients = {f"client_{k}": CheckpointRows(self.rows_comm, self.layout, v) for k, v in self.client_state.items()}
+        clients = {f"client_{k}": checkpoint_rows(self.rows_comm, self.layout, v) for k, v in self.client_state.items()}
         return {"w": self.w, **{f"state_{k}": v for k, v in self.topology.state.items()},
                 **{f"optim_{k}": v for k, v in self.server_state.items()}, **buffers, **clients}
 
