@@ -46,6 +46,19 @@ NO_OPTION_MEANING = {
     "byzantine_select": "which clients are Byzantine: `random` (drawn from the seed) or `first` (ids 0 .. b-1)",
     "server_samples": "training samples drawn once for the server's clean gradient (`fltrust`, `zenopp`, "
                       "`hplus` with `mode = \"clean\"`)",
+    "validation": "fraction in [0, 1) of every client's training samples held out (floor) and evaluated like the "
+                  "test set (`/metrics/validation_*`); drawn per client from the seed",
+    "bn_stats": "BatchNorm running statistics: `aggregate` (the clients' mean after every round) or `local` "
+                "(each client keeps its own; FedBN); docs/training.md",
+    "local_epochs": "passes over the client's shard per round instead of `local_steps` (exclusive with it): "
+                    "ceil(samples / batch_size) steps per pass",
+    "momentum": "client heavy-ball momentum beta in [0, 1): `m <- beta m + u`; the client uploads `m` "
+                "(worker momentum); docs/training.md",
+    "nesterov": "upload `u + beta m` instead of `m` (needs momentum > 0)",
+    "weight_decay": "`g <- g + weight_decay * w` on every local mini-batch gradient (after clipping)",
+    "clip_norm": "clip every local mini-batch gradient to this L2 norm (unset: no clipping)",
+    "server_optimizer": "what the replicas do with the aggregate: `sgd` (`w -= lr_t g`), `momentum`, `adam`, "
+                        "`yogi`, `adagrad`; parameters in the section named after it (table below)",
 }
 
 #: the ring rules' keys (fedring/comm/brace.py reads them with params.get, so no signature holds them)
@@ -253,6 +266,13 @@ def t_schedules() -> str:
     return table(["`lr_schedule`", "section", "keys (default)", "step size of round t (0-based)"], rows)
 
 
+def t_server_optimizers() -> str:
+    from fedring.train.optim import SERVER_OPTIMIZERS
+
+    rows = [[f"`{name}`", f"`[{name}]`", params_cell(cls, ()), first_line(cls)] for name, cls in SERVER_OPTIMIZERS.items()]
+    return table(["`server_optimizer`", "section", "keys (default; `lr` unset: the run's `lr`)", "update"], rows)
+
+
 def _dataclass_rows(schema, extra=lambda f: "") -> list[list[str]]:
     rows = []
     for f in dataclasses.fields(schema):
@@ -349,6 +369,7 @@ TABLES = {
     "ring-rules": t_ring_rules,
     "attacks": t_attacks,
     "schedules": t_schedules,
+    "server-optimizers": t_server_optimizers,
     "prism": t_prism,
     "prism-profiles": t_prism_profiles,
     "calib-attacks": t_calib_attacks,

@@ -52,6 +52,9 @@ class Job(Protocol):
     total: int
     #: steps between checkpoints (and one before stopping)
     checkpoint_every: int
+    #: prefixes of the checkpoint arrays that :meth:`restore` reads for this rank itself (rows of
+    #: every client, too large to pass through rank 0); the others are read on rank 0 and broadcast
+    per_rank: tuple[str, ...]
 
     def file_attrs(self) -> dict:
         """Root attributes of a new results file beyond those of every task (``n_clients`` ...)."""
@@ -66,7 +69,8 @@ class Job(Protocol):
         """Collective: run the step(s) after ``done`` completed ones, record them, return the new count."""
 
     def checkpoint(self) -> tuple[dict[str, np.ndarray], dict]:
-        """The state a resumed run needs: arrays, and attributes beyond ``round`` and ``wall_seconds``."""
+        """Collective: the state a resumed run needs, on rank 0: arrays, and attributes beyond
+        ``round`` and ``wall_seconds``."""
 
     def finish(self, recorder: Recorder) -> None:
         """Collective: write the run's final data and print its summary, after the last step."""
@@ -79,17 +83,19 @@ class Recorder:
         self.results, self.progress, self.quiet = results, progress, quiet
 
     @classmethod
-    def open(cls, job: Job, cfg: Config, world_size: int, done: int, progress: Progress) -> Recorder:
-        """A new results file with its header and a checkpoint of step 0, or the resumed one cut at ``done``."""
+    def open(cls, job: Job, cfg: Config, world_size: int, done: int, progress: Progress,
+             first: tuple[dict, dict] | None) -> Recorder:
+        """A new results file with its header and ``first``, the checkpoint of step 0, or the
+        resumed one cut at ``done``."""
         if cfg.resume:
             results = ResultsFile.reopen(cfg.out, done)
             results.h5.attrs["world_size"] = world_size
             return cls(results, progress, cfg.quiet)
         recorder = cls(ResultsFile.create(cfg, world_size, job.file_attrs()), progress, cfg.quiet)
         job.begin(recorder)
-        # a run that dies before its first checkpoint still resumes
-        arrays, attrs = job.checkpoint()
-        recorder.results.write_checkpoint(arrays, {"round": 0, **attrs, "wall_seconds": 0.0})
+        if first is not None:  # a run that dies before its first checkpoint still resumes
+            arrays, attrs = first
+            recorder.results.write_checkpoint(arrays, {"round": 0, **attrs, "wall_seconds": 0.0})
         return recorder
 
     def record(self, entries: Callable[..., Iterable[Entry]], *args) -> None:
@@ -173,7 +179,7 @@ class Driver:
         self.job, self.cfg, self.comm = job, cfg, comm
         self.done, self.stored = 0, {}
         if cfg.resume:
-            arrays, self.stored = on_rank0(comm, lambda: resume_point(cfg))
+            arrays, self.stored = on_rank0(comm, lambda: resume_point(cfg, skip=job.per_rank))
             job.restore(arrays, self.stored)
             self.done = int(self.stored["round"])
 
@@ -181,7 +187,8 @@ class Driver:
         """Collective: run the job to its end or a stop signal; rank 0 writes ``cfg.out``. Returns the exit code."""
         job, cfg, comm, done = self.job, self.cfg, self.comm, self.done
         progress = Progress(job.unit, job.total, cfg.quiet or comm.rank != 0, self.stored.get("wall_seconds", 0.0), done)
-        recorder = Recorder.open(job, cfg, comm.size, done, progress) if comm.rank == 0 else NullRecorder()
+        first = None if cfg.resume else job.checkpoint()  # collective
+        recorder = Recorder.open(job, cfg, comm.size, done, progress, first) if comm.rank == 0 else NullRecorder()
         watchdog.on_abort.append(recorder.close)
         while done < job.total:
             done = job.step(done, recorder)

@@ -56,16 +56,18 @@ RESERVE = 1 << 20
 SLACK = 64 << 10
 
 
-def read_checkpoint(h5: h5py.File) -> tuple[dict[str, np.ndarray], dict] | None:
-    """The current checkpoint of an open results file: (arrays, attrs), or None if it has none."""
+def read_checkpoint(h5: h5py.File, skip: tuple[str, ...] = ()) -> tuple[dict[str, np.ndarray], dict] | None:
+    """The current checkpoint of an open results file: (arrays, attrs), or None if it has none;
+    arrays whose names start with one of ``skip`` are left in the file (read by the caller in parts)."""
     root = h5.get("checkpoint")
     if root is None or "current" not in root.attrs:
         return None
     slot = root[root.attrs["current"]]
-    return {name: ds[()] for name, ds in slot.items()}, {k: v.item() for k, v in slot.attrs.items()}
+    return ({name: ds[()] for name, ds in slot.items() if not name.startswith(skip)},
+            {k: v.item() for k, v in slot.attrs.items()})
 
 
-def resume_point(cfg) -> tuple[dict[str, np.ndarray], dict]:
+def resume_point(cfg, skip: tuple[str, ...] = ()) -> tuple[dict[str, np.ndarray], dict]:
     """The checkpoint ``--resume`` of run ``cfg`` continues from: (arrays, attrs).
 
     Raises ConfigError (the agreed exit 2, nothing written) unless ``cfg.out`` is a readable
@@ -80,7 +82,7 @@ def resume_point(cfg) -> tuple[dict[str, np.ndarray], dict]:
                 raise ConfigError("resume", f"{cfg.out} was written with other settings: {'; '.join(diff)}")
             if f.attrs["status"] == FileStatus.COMPLETE:
                 raise ConfigError("resume", f"{cfg.out} is already complete: nothing to resume")
-            found = read_checkpoint(f)
+            found = read_checkpoint(f, skip)
     except ConfigError:
         raise
     except (OSError, KeyError, ValueError) as e:
@@ -191,9 +193,13 @@ class ResultsFile:
                 self.h5.attrs["rounds_completed"] = rounds_completed
             self.h5.flush()
 
-    def write_checkpoint(self, arrays: dict[str, np.ndarray], attrs: dict) -> None:
-        """Write ``arrays`` and ``attrs`` into the spare checkpoint slot, flush, then make it current."""
-        with self._writing(sum(np.asarray(v).nbytes for v in arrays.values())):
+    def write_checkpoint(self, arrays: dict, attrs: dict) -> None:
+        """Write ``arrays`` and ``attrs`` into the spare checkpoint slot, flush, then make it current.
+
+        An array may also be an object with ``shape``, ``dtype``, ``nbytes`` and ``write_into(dataset)``
+        (:class:`fedring.train.state.CheckpointRows`: every client's rows, written one rank's block at a time).
+        """
+        with self._writing(sum(v.nbytes if hasattr(v, "write_into") else np.asarray(v).nbytes for v in arrays.values())):
             self._write_checkpoint(arrays, attrs)
 
     def _write_checkpoint(self, arrays: dict[str, np.ndarray], attrs: dict) -> None:
@@ -202,13 +208,20 @@ class ResultsFile:
         for name in set(slot) - set(arrays):
             del slot[name]
         for name, value in arrays.items():
-            value = np.asarray(value)
+            blocks = hasattr(value, "write_into")
+            value = value if blocks else np.asarray(value)
             if name in slot and (slot[name].shape, slot[name].dtype) == (value.shape, value.dtype):
-                slot[name][...] = value  # in place: the file does not grow
+                if not blocks:
+                    slot[name][...] = value  # in place: the file does not grow
             else:
                 if name in slot:
                     del slot[name]
-                slot.create_dataset(name, data=value)
+                if blocks:
+                    slot.create_dataset(name, shape=value.shape, dtype=value.dtype)
+                else:
+                    slot.create_dataset(name, data=value)
+            if blocks:
+                value.write_into(slot[name])
         slot.attrs.clear()
         for key, value in attrs.items():
             slot.attrs[key] = value

@@ -43,6 +43,7 @@ class Stream(IntEnum):
     SERVER_DATA = 0x5E4  # the server's clean samples (FLTrust, Zeno++, H+ clean mode)
     SYNTHETIC = 0x5E7  # the synthetic image set (seeded by its own constant, not the run's seed)
     PARTITION = 0x9A27  # the non-IID split of the training set
+    VALIDATION = 0xFA1  # a client's validation samples (per client; step 0: drawn once)
     RELAY_FLIP = 0xF11B  # a Byzantine relay's sign flips in BRACE's Share-Only (per client and round)
     # training, the same in every run and round (fixed_generator): kept from 0.2.0, whose results it fixes
     WHAT_IF = 0  # a server rule applied to what-if rows (an aggregator-aware attack's view of the server)

@@ -92,7 +92,7 @@ def run_parser() -> ArgumentParser:
     add("--dataset", help=f"{', '.join(DATASETS)} (default {d.dataset}); its default model fits its images")
     add("--data-dir", dest="data_dir", metavar="DIR", help="the data set's files (Fashion-MNIST: default $FEDRING_DATA, else Debian's "
         "/usr/share/datasets/fashion-mnist; CIFAR-10: the cifar-10-batches-py folder)")
-    add("--model", metavar="NAME", help="the network: for 28x28 grey images cnn (default), mlp or lenet5; for 32x32 colour "
+    add("--model", metavar="NAME", help="the network: for 28x28 grey images cnn (default), cnn_bn (cnn with BatchNorm), mlp or lenet5; for 32x32 colour "
         "(cifar10) cnn_cifar or resnet18_gn; or package.module:Name (docs/tutorial.md)")
     add("--partition", help=f"{', '.join(PARTITIONS)} (default {d.partition})")
     add("--noniid", type=float, metavar="X", help=f"Fang's degree q, or the Dirichlet alpha (default {d.noniid})")

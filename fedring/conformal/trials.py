@@ -51,6 +51,7 @@ class TrialJob:
 
     unit = "trial"
     checkpoint_every = 1  # every batch
+    per_rank: tuple[str, ...] = ()  # every array is read on rank 0
     cases: list[dict]
     size_kind: str
     alpha: float

@@ -74,7 +74,27 @@ def partition_dirichlet(
     return [np.sort(np.concatenate(p)) for p in parts]
 
 
-def partition(labels: np.ndarray, n_clients: int, kind: str, noniid: float, seed: int) -> list[np.ndarray]:
+def partition_shards(labels: np.ndarray, n_clients: int, per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """McMahan et al. (2017), §3 ("pathological non-IID"): sort the samples by label, cut them into
+    ``n_clients * per_client`` shards of equal size (sizes differ by at most one: ``array_split``),
+    and give each client ``per_client`` shards drawn at random without replacement.
+
+    >>> parts = partition_shards(np.array([1, 0, 1, 0, 2, 2, 1, 0]), 2, 2, np.random.default_rng(0))
+    >>> [p.tolist() for p in parts]   # shards [1 3 | 7 0 | 2 6 | 4 5] (stable sort); the permutation gives client 0 shards 2, 0 and client 1 shards 1, 3
+    [[1, 2, 3, 6], [0, 4, 5, 7]]
+    """
+    count = n_clients * per_client
+    if count > len(labels):
+        raise ConfigError("shards.per_client", f"{n_clients} clients x {per_client} shards = {count} shards of "
+                                               f"{len(labels)} samples: fewer shards per client, or fewer clients")
+    shards = np.array_split(np.argsort(labels, kind="stable"), count)
+    order = rng.permutation(count)
+    return [np.sort(np.concatenate([shards[s] for s in order[c * per_client : (c + 1) * per_client]]))
+            for c in range(n_clients)]
+
+
+def partition(labels: np.ndarray, n_clients: int, kind: str, noniid: float, seed: int,
+              shards_per_client: int = 2) -> list[np.ndarray]:
     """Sample indices per client; the same on every rank for the same seed."""
     rng = generator(seed, Stream.PARTITION)
     if kind == "iid":
@@ -83,7 +103,29 @@ def partition(labels: np.ndarray, n_clients: int, kind: str, noniid: float, seed
         return partition_fang(labels, n_clients, noniid, rng)
     if kind == "dirichlet":
         return partition_dirichlet(labels, n_clients, noniid, rng)
-    raise ConfigError("partition", f"unknown partition {kind!r}; allowed: iid, fang, dirichlet")
+    if kind == "shards":
+        return partition_shards(labels, n_clients, shards_per_client, rng)
+    raise ConfigError("partition", f"unknown partition {kind!r}; allowed: iid, fang, dirichlet, shards")
+
+
+def hold_out(parts: list[np.ndarray], fraction: float, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Split every client's samples into (training, validation): ``floor(fraction * |part|)`` samples
+    drawn from the client's own stream, so the split depends on the seed and the client only.
+
+    >>> train, val = hold_out([np.arange(10), np.arange(10, 13)], 0.3, seed=0)
+    >>> [len(v) for v in val], sorted(np.concatenate([train[0], val[0]]).tolist()) == list(range(10))
+    ([3, 0], True)
+    """
+    train, val = [], []
+    for c, part in enumerate(parts):
+        held = generator(seed, Stream.VALIDATION, client=c, step=0).permutation(len(part))[: int(fraction * len(part))]
+        mask = np.zeros(len(part), bool)
+        mask[held] = True
+        train.append(part[~mask])
+        val.append(part[mask])
+    if fraction and not sum(len(v) for v in val):
+        raise ConfigError("validation", f"{fraction:g} of every client's samples holds out none: use a larger fraction")
+    return train, val
 
 
 def _checked(parts: list[np.ndarray]) -> list[np.ndarray]:
@@ -107,21 +149,26 @@ class FederatedData:
     """
 
     def __init__(self, dataset: str, data_dir: str | None, n_clients: int, clients: range,
-                 kind: str, noniid: float, seed: int, server_samples: int = 0):
+                 kind: str, noniid: float, seed: int, server_samples: int = 0, shards_per_client: int = 2,
+                 validation: float = 0.0):
         self.n_clients = n_clients
         self.clients = clients
         self.server = None  # the server's small clean set (FLTrust, Zeno++), when asked for
 
         data = DATASETS.build(dataset, {}, key="dataset", data_dir=data_dir)
         labels = data.train_labels()
-        parts = _checked(partition(labels, n_clients, kind, noniid, seed))
-        mine = np.sort(np.concatenate([parts[c] for c in clients]))
+        parts, held = hold_out(_checked(partition(labels, n_clients, kind, noniid, seed, shards_per_client)),
+                               validation, seed)
+        mine = np.sort(np.concatenate([parts[c] for c in clients] + [held[c] for c in clients]))
         images = data.train_images(mine)
         where = {int(s): k for k, s in enumerate(mine)}
-        self.shards = []
-        for c in clients:
-            rows = np.fromiter((where[int(s)] for s in parts[c]), np.int64, len(parts[c]))
-            self.shards.append(Shard(images[rows], labels[parts[c]]))
+
+        def shard(indices: np.ndarray) -> Shard:
+            rows = np.fromiter((where[int(s)] for s in indices), np.int64, len(indices))
+            return Shard(images[rows], labels[indices])
+
+        self.shards = [shard(parts[c]) for c in clients]
+        self.validation = [shard(held[c]) for c in clients]  # empty without a validation split
         if server_samples:
             rows = np.sort(generator(seed, Stream.SERVER_DATA).permutation(len(labels))[:server_samples])
             self.server = Shard(data.train_images(rows), labels[rows])

@@ -15,7 +15,7 @@ import numpy as np
 from fedring.aggregators import nonfinite_rows
 from fedring.job import Entry, Recorder
 
-from .trainer import Trainer
+from .trainer import PER_RANK, Trainer
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ class TrainJob:
     """The training run as a :class:`fedring.job.Job`: one step is one round."""
 
     unit = "round"
+
+    per_rank = PER_RANK
 
     def __init__(self, tr: Trainer):
         self.tr = tr
@@ -112,4 +114,7 @@ class TrainJob:
         return [Entry(t + 1, metrics, rows, line)]
 
     def finish(self, recorder: Recorder) -> None:
+        buffers = self.tr.buffers.checkpoint()  # collective: BatchNorm statistics, shared or every client's
         recorder.write("model/final", self.tr.w)
+        if buffers:
+            recorder.write("model/buffers", buffers["buffers"])

@@ -35,6 +35,23 @@ class FashionCNN(nn.Sequential):
 
 
 @MODELS.register
+class FashionCNNBatchNorm(nn.Sequential):
+    """FashionCNN with BatchNorm after each convolution: d = 140,120 parameters and 162 buffers
+    (running mean and variance of 30 + 50 channels, two counters); the small model with buffers
+    (``bn_stats``, docs/training.md)."""
+
+    name = "cnn_bn"
+    input_shape = (1, 28, 28)
+
+    def __init__(self):
+        super().__init__(
+            nn.Conv2d(1, 30, 3), nn.BatchNorm2d(30), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(30, 50, 3), nn.BatchNorm2d(50), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(1250, 100), nn.ReLU(), nn.Linear(100, 10),
+        )
+
+
+@MODELS.register
 class CifarCNN(nn.Sequential):
     """A small CNN for 32x32 colour images (CIFAR-10): d = 545,098 parameters.
 

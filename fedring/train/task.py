@@ -13,7 +13,7 @@ from fedring.errors import ConfigError
 from fedring.tasks import TASKS, Task
 
 TOPOLOGIES = ("ring", "server")
-PARTITIONS = ("iid", "fang", "dirichlet")
+PARTITIONS = ("iid", "fang", "dirichlet", "shards")
 #: more torch threads per rank than any machine has cores is a typo
 MAX_THREADS = 1024
 
@@ -56,9 +56,15 @@ def check_components(cfg: Config) -> None:
     from fedring.attacks import ATTACKS
     from fedring.comm import RING_RULES
 
+    from .optim import SERVER_OPTIMIZERS, ClientOptimizer, make_server_optimizer
     from .schedules import SCHEDULES, make_schedule
 
     check_aggregator(cfg)
+    ClientOptimizer(cfg.momentum, cfg.nesterov, cfg.weight_decay, cfg.clip_norm)
+    make_server_optimizer(cfg.server_optimizer, cfg.section(cfg.server_optimizer))
+    if cfg.partition == "shards":
+        check.known_keys("shards", "partition shards", cfg.section("shards"), ["per_client"])
+        check.integer("shards.per_client", cfg.section("shards").get("per_client", 2), lo=1)
     for name in cfg.pre_aggregators:
         PRE_AGGREGATORS.get(name, "pre_aggregators")
         if cfg.topology != "server":
@@ -68,8 +74,9 @@ def check_components(cfg: Config) -> None:
         if byzantine_count(cfg) == 0:
             raise ConfigError("byzantine", f"--attack {cfg.attack} needs Byzantine clients: set --byzantine")
     make_schedule(cfg.lr_schedule, cfg.section(cfg.lr_schedule))
-    known = sorted({*AGGREGATORS, *PRE_AGGREGATORS, *RING_RULES, *(s for s in SCHEDULES if s != "constant"), "attack"})
-    used = {cfg.aggregator, *cfg.pre_aggregators, cfg.lr_schedule, "attack"}
+    known = sorted({*AGGREGATORS, *PRE_AGGREGATORS, *RING_RULES, *(s for s in SCHEDULES if s != "constant"), "attack",
+                    *SERVER_OPTIMIZERS, "shards"})
+    used = {cfg.aggregator, *cfg.pre_aggregators, cfg.lr_schedule, "attack", cfg.server_optimizer, cfg.partition}
     if cfg.topology == "server" and cfg.aggregator == "hplus":
         used.add(cfg.section("hplus").get("base", "median"))  # its base rule takes its own section
     for section in cfg.sections:
@@ -78,7 +85,8 @@ def check_components(cfg: Config) -> None:
                                        f"allowed: {', '.join(known)}")
         if section not in used and cfg.sections[section]:
             raise ConfigError(section, f"settings of {section}, which this run does not use (aggregator "
-                                       f"{cfg.aggregator}, lr_schedule {cfg.lr_schedule}): remove them, or select it")
+                                       f"{cfg.aggregator}, lr_schedule {cfg.lr_schedule}, server_optimizer "
+                                       f"{cfg.server_optimizer}, partition {cfg.partition}): remove them, or select it")
     if "relay_clients" in cfg.section(cfg.aggregator):
         raise ConfigError(f"{cfg.aggregator}.relay_clients", "in a run the Byzantine clients are the relays: "
                                                              "choose them with --byzantine and byzantine_select")
@@ -116,6 +124,13 @@ class TrainTask(Task):
         if cfg.declared_f is not None:
             check.integer("declared_f", cfg.declared_f, lo=0, hi=cfg.clients - 1)
         check.real("lr", cfg.lr, lo=0, lo_open=True)
+        if cfg.local_epochs is not None:
+            check.integer("local_epochs", cfg.local_epochs, lo=1)
+            if cfg.local_steps != 1:
+                raise ConfigError("local_epochs", f"local_epochs ({cfg.local_epochs}) and local_steps "
+                                                  f"({cfg.local_steps}) both set the local work: give one of them")
+        check.real("validation", cfg.validation, lo=0, hi=1, hi_open=True)
+        check.choice("bn_stats", cfg.bn_stats, ("aggregate", "local"))
         if cfg.partition == "fang":
             check.real("noniid", cfg.noniid, lo=0, hi=1)
         if cfg.partition == "dirichlet" and not cfg.noniid > 0:

@@ -5,8 +5,9 @@ Determinism: every random draw comes from :func:`fedring.rng.generator`, keyed b
 the client (or the run), the round and the purpose, and the model is initialised from
 ``seed``; every ring chunk is summed in ring order. So the same seed gives
 bit-identical results, final model included, on any number of ranks (with the same
-``threads``), and a resumed run needs no RNG state: only the model, the aggregator's state
-and the round counter are checkpointed.
+``threads``), and a resumed run needs no RNG state: only the model, the aggregator's state,
+the optimizers' state (:mod:`fedring.train.optim`), the model's buffers and the round counter
+are checkpointed.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ from fedring.rng import Stream, generator
 
 from .data import FederatedData, Shard
 from .models import flat_grad_into, flatten, load_flat, make_model
+from .optim import ClientOptimizer, make_server_optimizer
 from .schedules import make_schedule
+from .state import ModelBuffers, checkpoint_rows, rows_from_file
 from .topology import RingTopology, ServerTopology, make_topology
 
 EVAL_BATCH = 500
+#: checkpoint arrays that each rank reads for its own clients on --resume (rank 0 never holds them all)
+PER_RANK = ("client_",)
 
 
 def byzantine_clients(cfg: Config) -> np.ndarray:
@@ -103,18 +108,40 @@ class Trainer:
         self.data = FederatedData(
             cfg.dataset, cfg.data_dir, cfg.clients, self.layout.local_clients, cfg.partition, cfg.noniid, cfg.seed,
             server_samples=cfg.server_samples if self.topology.needs_reference and comm.rank == 0 else 0,
+            shards_per_client=cfg.section("shards").get("per_client", 2), validation=cfg.validation,
         )
         self.grads = np.empty((self.layout.n_local, self.d), np.float32)
+        self.client_opt = ClientOptimizer(cfg.momentum, cfg.nesterov, cfg.weight_decay, cfg.clip_norm)
+        self.client_state = self.client_opt.init(self.layout.n_local, self.d)
+        self.server_opt = make_server_optimizer(cfg.server_optimizer, cfg.section(cfg.server_optimizer))
+        self.server_state = self.server_opt.init(self.d)  # the same on every replica: it sees the same updates
+        self.rows_comm = comm.Dup()  # checkpoint rows, apart from the protocol's messages
+        self.buffers = ModelBuffers(self.model, cfg.bn_stats, self.layout)
 
-    def checkpoint_arrays(self) -> dict[str, np.ndarray]:
-        """What a resumed run needs besides the round: the model and the aggregator's state."""
-        return {"w": self.w, **{f"state_{k}": v for k, v in self.topology.state.items()}}
+    def checkpoint_arrays(self) -> dict:
+        """Collective: what a resumed run needs besides the round, on rank 0: the model, the
+        aggregator's and the server optimizer's state, the model's buffers and every client's
+        optimizer rows. The clients' rows come last: the other ranks send their blocks while rank
+        0 writes them (:class:`fedring.train.state.CheckpointRows`), before its next collective."""
+        buffers = self.buffers.checkpoint()
+        clients = {f"client_{k}": checkpoint_rows(self.rows_comm, self.layout, v) for k, v in self.client_state.items()}
+        return {"w": self.w, **{f"state_{k}": v for k, v in self.topology.state.items()},
+                **{f"optim_{k}": v for k, v in self.server_state.items()}, **buffers, **clients}
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
-        """Continue from :meth:`checkpoint_arrays` as stored."""
+        """Collective: continue from :meth:`checkpoint_arrays` as stored. ``arrays`` holds all but
+        the clients' rows (:data:`PER_RANK`), which each rank reads for its own clients."""
+
+        def prefixed(prefix: str) -> dict[str, np.ndarray]:
+            return {k[len(prefix):]: np.array(v) for k, v in arrays.items() if k.startswith(prefix)}
+
         self.w[:] = arrays["w"]
         load_flat(self.model, self.w)
-        self.topology.state.update({k[len("state_"):]: np.array(v) for k, v in arrays.items() if k.startswith("state_")})
+        self.topology.state.update(prefixed("state_"))
+        self.server_state.update(prefixed("optim_"))
+        for name, local in self.client_state.items():
+            rows_from_file(self.rows_comm, self.layout, self.cfg.out, f"client_{name}", local)
+        self.buffers.restore(arrays.get("buffers"))
 
     def lr_at(self, t: int) -> float:
         """The step size of round ``t``: ``lr`` times the schedule's factor."""
@@ -125,6 +152,25 @@ class Trainer:
         idx = np.sort(rng.choice(len(shard.y), size, replace=False))
         return shard.x[idx], shard.y[idx]
 
+    def local_steps(self, shard: Shard) -> int:
+        """Local SGD steps of a client: ``local_steps``, or ``local_epochs`` passes of ceil(|shard| / batch_size)."""
+        if self.cfg.local_epochs is None:
+            return self.cfg.local_steps
+        return self.cfg.local_epochs * -(-len(shard.y) // self.cfg.batch_size)
+
+    def local_batches(self, shard: Shard, rng: np.random.Generator):
+        """The mini-batches of one round: ``local_steps`` drawn without replacement each, or
+        ``local_epochs`` passes over a fresh permutation of the shard (the last batch of a pass may be smaller)."""
+        if self.cfg.local_epochs is None:
+            for _ in range(self.cfg.local_steps):
+                yield self.sample_batch(shard, rng)
+            return
+        for _ in range(self.cfg.local_epochs):
+            order = rng.permutation(len(shard.y))
+            for a in range(0, len(order), self.cfg.batch_size):
+                idx = np.sort(order[a : a + self.cfg.batch_size])
+                yield shard.x[idx], shard.y[idx]
+
     def _backward(self, x: np.ndarray, y: np.ndarray) -> float:
         self.model.zero_grad(set_to_none=False)
         loss = F.cross_entropy(self.model(torch.from_numpy(x)), torch.from_numpy(y))
@@ -132,35 +178,40 @@ class Trainer:
         return loss.item()
 
     def client_gradient(self, k: int, t: int, out: np.ndarray) -> float:
-        """Client ``lo + k``'s update direction at round ``t`` into ``out``; returns its first batch loss.
+        """Client ``lo + k``'s upload at round ``t`` into ``out``; returns its first batch loss.
 
-        One local step: the stochastic gradient (FedSGD, the BRACE paper's setting). With
-        ``local_steps`` > 1: ``(w - w_local) / lr`` after that many SGD steps. A Byzantine
-        client under a data attack trains on poisoned batches, and scales its result.
+        One local step: the stochastic gradient (FedSGD, the BRACE paper's setting). With more
+        (``local_steps`` > 1, or ``local_epochs``): ``(w - w_local) / lr`` after that many SGD
+        steps. Each mini-batch gradient is clipped and decayed, and the client's momentum turns the
+        result into the vector it uploads (:class:`fedring.train.optim.ClientOptimizer`). A Byzantine
+        client under a data attack trains on poisoned batches, and scales its upload.
         """
         client = self.layout.lo + k
         rng = generator(self.cfg.seed, Stream.BATCH, client=client, step=t)
         poison_rng = generator(self.cfg.seed, Stream.POISON, client=client, step=t)
         shard = self.data.shards[k]
-        lr = self.lr_at(t)
+        lr = np.float32(self.lr_at(t))
         poisons = self.adversary.poisons(client)
+        steps = self.local_steps(shard)
+        w_local = self.w.copy() if steps > 1 else self.w
+        self.buffers.use(k)
         first_loss = 0.0
-        for step in range(self.cfg.local_steps):
-            x, y = self.sample_batch(shard, rng)
+        for step, (x, y) in enumerate(self.local_batches(shard, rng)):
             if poisons:
                 x, y = self.adversary.data_attack.poison(x, y, poison_rng)
             loss = self._backward(x, y)
             if step == 0:
                 first_loss = loss
-            if self.cfg.local_steps > 1:
-                with torch.no_grad():
-                    for p in self.model.parameters():
-                        p -= lr * p.grad
-        if self.cfg.local_steps == 1:
             flat_grad_into(self.model, out)
-        else:
-            out[:] = (self.w - flatten(self.model)) / np.float32(lr)
+            self.client_opt.gradient(out, w_local)
+            if steps > 1:
+                w_local -= lr * out
+                load_flat(self.model, w_local)
+        self.buffers.keep(k)
+        if steps > 1:
+            out[:] = (self.w - w_local) / lr
             load_flat(self.model, self.w)
+        self.client_opt.direction(self.client_state, k, out)
         if poisons and self.adversary.data_attack.scale != 1:
             out *= np.float32(self.adversary.data_attack.scale)
         return first_loss
@@ -176,21 +227,38 @@ class Trainer:
         return out
 
     def apply(self, update: np.ndarray, t: int) -> None:
-        self.w -= np.float32(self.lr_at(t)) * update
+        """``w <- w - step`` of the server optimizer on the round's aggregate (every replica alike), and
+        the round's BatchNorm statistics."""
+        eta = self.server_opt.eta(self.cfg.lr, self.schedule.factor(t, self.cfg.rounds))
+        step, self.server_state = self.server_opt.update(self.server_state, update, eta)
+        self.w -= step
         load_flat(self.model, self.w)
+        self.buffers.aggregate()
 
     def weight_mean_change(self) -> float:
         """Drift diagnostic: the mean over coordinates of ``w_t - w_0``."""
         return float(np.mean(self.w - self.w0, dtype=np.float64))
 
     def evaluate(self) -> dict[str, float]:
-        """Test accuracy and loss of the shared model (and the backdoor's success rate)."""
+        """Test accuracy and loss of the shared model (and the backdoor's success rate), and the
+        validation set's, in eval mode (BatchNorm uses its running statistics, dropout is off)."""
+        backdoor = self.adversary.attack if isinstance(self.adversary.attack, Backdoor) else None
+        self.model.eval()
+        try:
+            out = self._scores("test", self.data.test_slice, backdoor)
+            if self.cfg.validation:
+                out.update(self._scores("validation", lambda k: self.data.validation[k], None))
+        finally:
+            self.model.train()
+        return out
+
+    def _scores(self, name: str, part_of, backdoor: Backdoor | None) -> dict[str, float]:
         n = self.cfg.clients
         stats = np.zeros((5, n))  # loss sum, correct, count, triggered hits, triggered count
-        backdoor = self.adversary.attack if isinstance(self.adversary.attack, Backdoor) else None
         with torch.no_grad():
             for k, client in enumerate(self.layout.local_clients):
-                part = self.data.test_slice(k)
+                part = part_of(k)
+                self.buffers.use(k)
                 for a in range(0, len(part.y), EVAL_BATCH):
                     x, y = torch.from_numpy(part.x[a : a + EVAL_BATCH]), torch.from_numpy(part.y[a : a + EVAL_BATCH])
                     logits = self.model(x)
@@ -206,7 +274,7 @@ class Trainer:
         # One entry per client, zeros elsewhere: the sums are exact whatever the rank count.
         self.comm.Allreduce(MPI.IN_PLACE, stats, op=MPI.SUM)
         total = stats.sum(axis=1)
-        out = {"test_accuracy": total[1] / total[2], "test_loss": total[0] / total[2]}
+        out = {f"{name}_accuracy": total[1] / total[2], f"{name}_loss": total[0] / total[2]}
         if backdoor is not None:
             out["attack_success_rate"] = total[3] / max(total[4], 1)
         return out

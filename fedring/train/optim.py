@@ -1,0 +1,256 @@
+"""The client and server optimizers: explicit state, pure update functions on float32 vectors.
+
+Each optimizer is ``init(d) -> state`` and ``update(state, g, ...) -> (step, state)`` in the style
+of optax: ``state`` is a dict of numpy arrays (what a checkpoint stores), the caller applies
+``w <- w - step``. Every operation is float32 numpy, elementwise, in a fixed order, so the same
+inputs give the same bits on every rank and after ``--resume``. ``docs/training.md`` explains the
+choices (why the client uploads its momentum vector, what a server optimizer does to the sign
+rules' output).
+
+The client side (:class:`ClientOptimizer`), per client ``i`` and round ``t``, on every local
+mini-batch gradient ``g`` (before the local SGD step, PyTorch's order)::
+
+    g <- g * min(1, c / ||g||_2)        clip_norm = c           (per client, per mini-batch)
+    g <- g + lambda * w                 weight_decay = lambda   (coupled, as torch.optim.SGD)
+
+and once per round on the client's update direction ``u`` (the gradient with one local step, the
+pseudo-gradient ``(w - w_local) / lr`` with more)::
+
+    m_i <- beta * m_i + u               momentum = beta        (heavy ball, m_i = 0 at round 0)
+    upload m_i, or u + beta * m_i       nesterov = false / true
+
+The server side (:data:`SERVER_OPTIMIZERS`) on the robust aggregate ``g`` of round ``t``, with the
+step size ``eta_t`` (its section's ``lr`` times the schedule's factor; default the run's ``lr_t``):
+Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2, with ``Delta_t = -g``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedring.errors import ConfigError
+from fedring.registry import Registry
+from fedring.validate import real
+
+F32 = np.float32
+State = dict[str, np.ndarray]
+
+
+# ---------------------------------------------------------------------------------------------
+# Client optimizer
+
+
+def clip(g: np.ndarray, c: float) -> np.ndarray:
+    """``g * min(1, c / ||g||)`` in place (the norm in float64); a zero vector stays zero.
+
+    >>> clip(np.array([3, 4], np.float32), 1.0).tolist()
+    [0.6000000238418579, 0.800000011920929]
+    >>> clip(np.array([0.3, 0.4], np.float32), 1.0).tolist()  # inside the ball: unchanged
+    [0.30000001192092896, 0.4000000059604645]
+    """
+    norm = float(np.linalg.norm(g.astype(np.float64)))
+    if norm > c:
+        g *= F32(c / norm)
+    return g
+
+
+class ClientOptimizer:
+    """Per-client gradient clipping, weight decay and heavy-ball (or Nesterov) momentum.
+
+    ``momentum = beta`` keeps one buffer ``m_i`` per client (``state["m"]``, a row per local
+    client: O(local clients x d) per rank); without momentum the state is empty.
+
+    >>> opt = ClientOptimizer(momentum=0.5)
+    >>> m = opt.init(2, 2)
+    >>> opt.direction(m, 0, np.array([1, 2], np.float32)).tolist()   # m = u
+    [1.0, 2.0]
+    >>> opt.direction(m, 0, np.array([1, 0], np.float32)).tolist()   # m = 0.5 m + u
+    [1.5, 1.0]
+    >>> ClientOptimizer(momentum=0.5, nesterov=True).direction(m, 0, np.array([1, 0], np.float32)).tolist()  # m = [1.75, 0.5]; u + 0.5 m
+    [1.875, 0.25]
+    >>> ClientOptimizer(weight_decay=0.1).gradient(np.array([1, 1], np.float32), np.array([2, -4], np.float32)).tolist()
+    [1.2000000476837158, 0.6000000238418579]
+    """
+
+    def __init__(self, momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
+                 clip_norm: float | None = None):
+        self.momentum = real("momentum", momentum, lo=0, hi=1, hi_open=True)
+        self.nesterov = bool(nesterov)
+        if self.nesterov and self.momentum == 0:
+            raise ConfigError("nesterov", "Nesterov momentum needs momentum > 0 (e.g. --set momentum=0.9)")
+        self.weight_decay = real("weight_decay", weight_decay, lo=0)
+        self.clip_norm = None if clip_norm is None else real("clip_norm", clip_norm, lo=0, lo_open=True)
+
+    @property
+    def transforms_gradient(self) -> bool:
+        return self.weight_decay != 0 or self.clip_norm is not None
+
+    def init(self, n_local: int, d: int) -> State:
+        return {"m": np.zeros((n_local, d), F32)} if self.momentum else {}
+
+    def gradient(self, g: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """One mini-batch gradient ``g`` at the local weights ``w``: clipped, then weight decay (in place)."""
+        if self.clip_norm is not None:
+            clip(g, self.clip_norm)
+        if self.weight_decay:
+            g += F32(self.weight_decay) * w
+        return g
+
+    def direction(self, state: State, k: int, u: np.ndarray) -> np.ndarray:
+        """The vector local client ``k`` uploads for its update direction ``u``; updates its buffer ``m_k``
+        (in place, as ``u``)."""
+        if not self.momentum:
+            return u
+        m, beta = state["m"][k], F32(self.momentum)
+        m *= beta
+        m += u
+        if self.nesterov:
+            u += beta * m
+        else:
+            u[:] = m
+        return u
+
+
+# ---------------------------------------------------------------------------------------------
+# Server optimizers: Reddi et al. (2021), Algorithm 2. fedring's aggregate g is a descent
+# direction (a gradient, or (w - w_local)/lr), so the paper's Delta_t is -g and its
+# x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau) is w <- w - eta m_t / (sqrt(v_t) + tau) with m_t built from g.
+
+#: the server optimizers (setting ``server_optimizer``; parameters in the section named after it)
+SERVER_OPTIMIZERS = Registry("server_optimizer")
+
+
+@SERVER_OPTIMIZERS.register
+class ServerSGD:
+    """``w <- w - eta_t g``: today's update (FedAvg's server step with the run's ``lr``).
+
+    >>> s = ServerSGD()
+    >>> s.update(s.init(2), np.array([1, -2], np.float32), 0.5)[0].tolist()
+    [0.5, -1.0]
+    """
+
+    name = "sgd"
+
+    def __init__(self, lr: float | None = None):
+        self.lr = None if lr is None else real(f"{self.name}.lr", lr, lo=0, lo_open=True)
+
+    def eta(self, run_lr: float, factor: float) -> float:
+        """The server step size of a round: the section's ``lr`` times the schedule's factor, else the run's."""
+        return run_lr * factor if self.lr is None else self.lr * factor
+
+    def init(self, d: int) -> State:
+        return {}
+
+    def update(self, state: State, g: np.ndarray, eta: float) -> tuple[np.ndarray, State]:
+        return F32(eta) * g, state
+
+
+@SERVER_OPTIMIZERS.register
+class ServerMomentum(ServerSGD):
+    """Server momentum (FedAvgM; Hsu et al. 2019): ``m_t = beta m_{t-1} + g``, ``w <- w - eta_t m_t``, m_{-1} = 0.
+
+    >>> s = ServerMomentum(beta=0.5)
+    >>> st = s.init(1)
+    >>> [s.update(st, np.array([1], np.float32), 1.0)[0].item() for _ in range(3)]
+    [1.0, 1.5, 1.75]
+    """
+
+    name = "momentum"
+
+    def __init__(self, lr: float | None = None, beta: float = 0.9):
+        super().__init__(lr)
+        self.beta = real("momentum.beta", beta, lo=0, hi=1, hi_open=True)
+
+    def init(self, d: int) -> State:
+        return {"m": np.zeros(d, F32)}
+
+    def update(self, state: State, g: np.ndarray, eta: float) -> tuple[np.ndarray, State]:
+        m = state["m"]
+        m *= F32(self.beta)
+        m += g
+        return F32(eta) * m, state
+
+
+class _Adaptive(ServerSGD):
+    """Algorithm 2's common part: ``m_t = beta1 m_{t-1} + (1 - beta1) Delta_t`` and
+    ``x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau)``, from m_{-1} = 0 and v_{-1} = tau^2
+    (the algorithm asks v_{-1} >= tau^2). No bias correction: the algorithm has none."""
+
+    def __init__(self, lr: float | None = None, beta1: float = 0.9, tau: float = 1e-3):
+        super().__init__(lr)
+        self.beta1 = real(f"{self.name}.beta1", beta1, lo=0, hi=1, hi_open=True)
+        self.tau = real(f"{self.name}.tau", tau, lo=0, lo_open=True)
+
+    def init(self, d: int) -> State:
+        return {"m": np.zeros(d, F32), "v": np.full(d, F32(self.tau) ** 2, F32)}
+
+    def second_moment(self, v: np.ndarray, g2: np.ndarray) -> None:
+        """``v_{t-1} -> v_t`` in place, from ``Delta_t^2 = g^2``."""
+        raise NotImplementedError
+
+    def update(self, state: State, g: np.ndarray, eta: float) -> tuple[np.ndarray, State]:
+        m, v = state["m"], state["v"]
+        m *= F32(self.beta1)
+        m += F32(1 - self.beta1) * g
+        self.second_moment(v, g * g)
+        return F32(eta) * m / (np.sqrt(v) + F32(self.tau)), state
+
+
+@SERVER_OPTIMIZERS.register
+class ServerAdagrad(_Adaptive):
+    """FedAdagrad: ``v_t = v_{t-1} + Delta_t^2`` (Algorithm 2).
+
+    >>> s = ServerAdagrad(beta1=0.5, tau=1.0)
+    >>> state = s.init(1)                       # m = 0, v = tau^2 = 1
+    >>> s.update(state, np.array([3], np.float32), 1.0)[0].item()    # m = 1.5, v = 1 + 9, step = 1.5 / (sqrt(10) + 1)
+    0.3603796064853668
+    >>> s.update(state, np.array([-6], np.float32), 1.0)[0].item()   # m = 0.75 - 3, v = 10 + 36, step = -2.25 / (sqrt(46) + 1)
+    -0.2891165018081665
+    """
+
+    name = "adagrad"
+
+    def second_moment(self, v: np.ndarray, g2: np.ndarray) -> None:
+        v += g2
+
+
+class _Beta2(_Adaptive):
+    def __init__(self, lr: float | None = None, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3):
+        super().__init__(lr, beta1, tau)
+        self.beta2 = real(f"{self.name}.beta2", beta2, lo=0, hi=1, hi_open=True)
+
+
+@SERVER_OPTIMIZERS.register
+class ServerAdam(_Beta2):
+    """FedAdam: ``v_t = beta2 v_{t-1} + (1 - beta2) Delta_t^2`` (Algorithm 2).
+
+    >>> s = ServerAdam(beta1=0.5, beta2=0.5, tau=1.0)
+    >>> s.update(s.init(1), np.array([7], np.float32), 2.0)[0].item()   # m = 3.5, v = 0.5 + 24.5, 2 * 3.5 / (5 + 1)
+    1.1666666269302368
+    """
+
+    name = "adam"
+
+    def second_moment(self, v: np.ndarray, g2: np.ndarray) -> None:
+        v *= F32(self.beta2)
+        v += F32(1 - self.beta2) * g2
+
+
+@SERVER_OPTIMIZERS.register
+class ServerYogi(_Beta2):
+    """FedYogi: ``v_t = v_{t-1} - (1 - beta2) Delta_t^2 sign(v_{t-1} - Delta_t^2)`` (Algorithm 2).
+
+    >>> s = ServerYogi(beta1=0.5, beta2=0.5, tau=1.0)
+    >>> s.update(s.init(1), np.array([7], np.float32), 2.0)[0].item()   # m = 3.5, v = 1 - 0.5 * 49 * sign(1 - 49) = 25.5, 2 * 3.5 / (sqrt(25.5) + 1)
+    1.1570721864700317
+    """
+
+    name = "yogi"
+
+    def second_moment(self, v: np.ndarray, g2: np.ndarray) -> None:
+        v -= F32(1 - self.beta2) * g2 * np.sign(v - g2)
+
+
+def make_server_optimizer(name: str, params: dict | None = None) -> ServerSGD:
+    """Server optimizer ``name`` from its settings section; unknown names or keys raise ConfigError."""
+    return SERVER_OPTIMIZERS.build(name, params, key="server_optimizer")
