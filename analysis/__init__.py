@@ -32,15 +32,32 @@ This module itself needs neither pandas nor matplotlib.
 #: ``python -m analysis COMMAND``: (module, function, what it does in one line)
 COMMANDS = {
     "load": ("analysis.load", "main", "tidy table of training runs: one row per run and evaluated round (CSV)"),
-    "table": ("analysis.tables", "main_table",
-              "paper-layout table (attacks x defences) of a final metric, mean ± sd (n) over seeds, or paired differences"),
-    "conformal-table": ("analysis.conformal", "main_table",
-                        "coverage and interval width / set size per case of conformal runs (/calibration)"),
-    "plot-accuracy": ("analysis.plots", "main_accuracy", "test accuracy vs round, a line per defence, a panel per attack"),
+    "table": (
+        "analysis.tables",
+        "main_table",
+        "paper-layout table (attacks x defences) of a final metric, mean ± sd (n) over seeds, or paired differences",
+    ),
+    "conformal-table": (
+        "analysis.conformal",
+        "main_table",
+        "coverage and interval width / set size per case of conformal runs (/calibration)",
+    ),
+    "plot-accuracy": (
+        "analysis.plots",
+        "main_accuracy",
+        "test accuracy vs round, a line per defence, a panel per attack",
+    ),
     "plot-bytes": ("analysis.plots", "main_bytes", "bytes sent per client and round vs number of clients"),
-    "plot-drift": ("analysis.plots", "main_drift",
-                   "weight mean change and the sign rules' +/-/0 consensus fractions vs round, a line per run"),
-    "plot-conformal": ("analysis.plots", "main_conformal", "coverage (with the 1 - alpha target) and size per conformal case"),
+    "plot-drift": (
+        "analysis.plots",
+        "main_drift",
+        "weight mean change and the sign rules' +/-/0 consensus fractions vs round, a line per run",
+    ),
+    "plot-conformal": (
+        "analysis.plots",
+        "main_conformal",
+        "coverage (with the 1 - alpha target) and size per conformal case",
+    ),
 }
 
 #: the optional dependencies of the commands (``pip install 'fedring[analysis]'``)

@@ -12,9 +12,13 @@ from analysis import COMMANDS, EXTRAS, INSTALL_EXTRA
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = ["usage: python -m analysis COMMAND FILES|DIRS... [options]   (python -m analysis COMMAND --help: options)",
-             "", "Tables and plots from fedring's HDF5 results files; a directory stands for every *.h5 under it.",
-             "", "commands:"]
+    lines = [
+        "usage: python -m analysis COMMAND FILES|DIRS... [options]   (python -m analysis COMMAND --help: options)",
+        "",
+        "Tables and plots from fedring's HDF5 results files; a directory stands for every *.h5 under it.",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:<{width}}  {line}" for name, (_, _, line) in COMMANDS.items()]
     return "\n".join(lines) + f"\n\nneeds pandas and matplotlib: {INSTALL_EXTRA}"
 

@@ -58,7 +58,9 @@ def read_conformal(path: Path) -> tuple[list[dict] | None, str | None]:
     except (OSError, KeyError, ValueError, TypeError) as e:
         return None, f"/calibration is not in the layout of fedring.conformal.trials ({type(e).__name__}: {e})"
     if coverage.ndim != 2 or coverage.shape != size.shape or coverage.shape[1] != len(cases):
-        return None, (f"/calibration: coverage {coverage.shape} and size {size.shape} are not (trials, {len(cases)} cases)")
+        return None, (
+            f"/calibration: coverage {coverage.shape} and size {size.shape} are not (trials, {len(cases)} cases)"
+        )
     if coverage.shape[0] == 0:
         return None, "/calibration has no trials"
     base = {"file": str(path), "run": path.stem, "seed": seed}
@@ -66,8 +68,20 @@ def read_conformal(path: Path) -> tuple[list[dict] | None, str | None]:
     rows = []
     for j, case in enumerate(cases):
         cov, sz = coverage[:, j], size[:, j]
-        rows.append({**base, **case, "coverage": float(cov.mean()), "coverage_sd": _sd(cov), "size": float(sz.mean()),
-                     "size_sd": _sd(sz), "size_kind": kind, "trials": len(cov), "alpha": alpha, "settings": settings})
+        rows.append(
+            {
+                **base,
+                **case,
+                "coverage": float(cov.mean()),
+                "coverage_sd": _sd(cov),
+                "size": float(sz.mean()),
+                "size_sd": _sd(sz),
+                "size_kind": kind,
+                "trials": len(cov),
+                "alpha": alpha,
+                "settings": settings,
+            }
+        )
     return rows, None
 
 
@@ -113,32 +127,53 @@ def conformal_table(df: pd.DataFrame, digits: int = 2) -> tuple[str, pd.DataFram
     describe = case_columns(df)
     mixed_kinds = df["size_kind"].nunique() > 1
     size = size_label(df)
-    head = [*describe, "Coverage (%)", size[:1].upper() + size[1:], *(["Size kind"] if mixed_kinds else []),
-            "Trials", "Target (%)"]
+    head = [
+        *describe,
+        "Coverage (%)",
+        size[:1].upper() + size[1:],
+        *(["Size kind"] if mixed_kinds else []),
+        "Trials",
+        "Target (%)",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in df.iterrows():
         cells = [text(r[c]) for c in describe]
-        cells += [f"{100 * r['coverage']:.1f} ± {100 * r['coverage_sd']:.1f}",
-                  f"{r['size']:.{digits}f} ± {r['size_sd']:.{digits}f}", *([r["size_kind"]] if mixed_kinds else []),
-                  str(r["trials"]), f"{100 * (1 - r['alpha']):g}"]
+        cells += [
+            f"{100 * r['coverage']:.1f} ± {100 * r['coverage_sd']:.1f}",
+            f"{r['size']:.{digits}f} ± {r['size_sd']:.{digits}f}",
+            *([r["size_kind"]] if mixed_kinds else []),
+            str(r["trials"]),
+            f"{100 * (1 - r['alpha']):g}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     constant = [c for c in df.columns if c not in (*RESULT_COLUMNS, "file", "run", "settings", *describe)]
     same = "; ".join(f"{c} = {text(df[c].iloc[0])}" for c in constant if text(df[c].iloc[0]))
-    caption = (f"Coverage (%) and {'size (interval width or set size: Size kind)' if mixed_kinds else size}, "
-               "mean ± sd over the trials; Target = 100 (1 - alpha) %" + (f". Every row: {same}" if same else "") + ".")
+    caption = (
+        f"Coverage (%) and {'size (interval width or set size: Size kind)' if mixed_kinds else size}, "
+        "mean ± sd over the trials; Target = 100 (1 - alpha) %" + (f". Every row: {same}" if same else "") + "."
+    )
     csv = df.drop(columns=["file"]).set_index("run")
-    csv = csv.assign(**{c: csv[c].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
-                        for c in csv.columns if csv[c].map(lambda v: isinstance(v, (list, dict))).any()})
+    csv = csv.assign(
+        **{
+            c: csv[c].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
+            for c in csv.columns
+            if csv[c].map(lambda v: isinstance(v, (list, dict))).any()
+        }
+    )
     return caption + "\n\n" + "\n".join(lines) + "\n", csv
 
 
 def main_table(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis conformal-table",
-                                description="Coverage and interval width / set size per case of conformal runs (/calibration).")
+    p = argparse.ArgumentParser(
+        prog="python -m analysis conformal-table",
+        description="Coverage and interval width / set size per case of conformal runs (/calibration).",
+    )
     p.add_argument("paths", nargs="+", metavar="FILE|DIR")
     p.add_argument("--out", metavar="PREFIX", help="write PREFIX.md and PREFIX.csv")
     p.add_argument("--digits", type=int, default=2)
-    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="keep only the cases with this value")
+    p.add_argument(
+        "--where", action="append", default=[], metavar="KEY=VALUE", help="keep only the cases with this value"
+    )
     args = p.parse_args(argv)
     df = conformal_cases(args.paths, args.where)
     if df.empty:

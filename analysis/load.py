@@ -81,7 +81,9 @@ def read_run(path: Path, include_incomplete: bool = False) -> tuple[pd.DataFrame
         if "test_accuracy" in frame:
             frame["test_error"] = 1.0 - frame["test_accuracy"]
         run = {
-            "file": str(path), "run": path.stem, "status": status,
+            "file": str(path),
+            "run": path.stem,
+            "status": status,
             **{k: int(f.attrs[k]) for k in RUN_COLUMNS[3:] if k in f.attrs},
             **flat_config(config),
         }

@@ -85,11 +85,12 @@ def plot_accuracy(df: pd.DataFrame, out: str) -> None:
             mean = runs_of.mean(axis=1)
             ax.plot(mean.index, mean.values, color=colors[m], label=m, marker="." if len(mean) < 30 else None)
             if runs_of.shape[1] > 1:
-                ax.fill_between(runs_of.index, runs_of.min(axis=1), runs_of.max(axis=1), color=colors[m], alpha=0.2,
-                                linewidth=0)
+                ax.fill_between(
+                    runs_of.index, runs_of.min(axis=1), runs_of.max(axis=1), color=colors[m], alpha=0.2, linewidth=0
+                )
         ax.set_title(attack)
         ax.grid(alpha=0.3)
-    for ax in axes.flat[len(attacks):]:
+    for ax in axes.flat[len(attacks) :]:
         ax.set_visible(False)
     for ax in axes.flat:
         ax.set_xlabel("round")
@@ -97,7 +98,9 @@ def plot_accuracy(df: pd.DataFrame, out: str) -> None:
         ax.tick_params(labelbottom=True, labelleft=True)
     handles = [matplotlib.lines.Line2D([], [], color=colors[m], label=m) for m in methods]
     setting = ", ".join(f"{key} {text(runs[key].iloc[0])}" for key in ONE_PER_TABLE if key in runs)
-    spread = f"line: mean over seeds; band: lowest to highest of up to {seeds} seeds" if seeds > 1 else "one seed per line"
+    spread = (
+        f"line: mean over seeds; band: lowest to highest of up to {seeds} seeds" if seeds > 1 else "one seed per line"
+    )
     fig.suptitle(f"Test accuracy ({setting}; {spread})", fontsize=10)
     fig.tight_layout(rect=(0, (0.1 + 0.3 * legend_rows) / height, 1, 1))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(methods), 6))
@@ -108,8 +111,11 @@ def traffic(df: pd.DataFrame) -> pd.DataFrame:
     """Per (architecture, clients): bytes per client per round and, for the server, the server's."""
     runs = df.drop_duplicates("run").assign(method=lambda r: method_labels(r))
     runs["architecture"] = runs["method"].where(runs["topology"] == "ring", "Server")
-    return (runs.groupby(["architecture", "n_clients"])[["bytes_per_client_round", "server_bytes_per_round"]]
-            .median().reset_index())
+    return (
+        runs.groupby(["architecture", "n_clients"])[["bytes_per_client_round", "server_bytes_per_round"]]
+        .median()
+        .reset_index()
+    )
 
 
 def plot_bytes(df: pd.DataFrame, out: str) -> None:
@@ -119,11 +125,21 @@ def plot_bytes(df: pd.DataFrame, out: str) -> None:
     order = _order(t["architecture"].unique(), [*METHOD_ORDER, "Server"])
     for arch in order:
         part = t[t["architecture"] == arch].sort_values("n_clients")
-        line, = ax.plot(part["n_clients"], part["bytes_per_client_round"], marker="o",
-                        label=f"{arch}: each client" if arch == "Server" else arch)
+        (line,) = ax.plot(
+            part["n_clients"],
+            part["bytes_per_client_round"],
+            marker="o",
+            label=f"{arch}: each client" if arch == "Server" else arch,
+        )
         if arch == "Server":
-            ax.plot(part["n_clients"], part["server_bytes_per_round"], marker="s", linestyle="--",
-                    color=line.get_color(), label="Server: the server node")
+            ax.plot(
+                part["n_clients"],
+                part["server_bytes_per_round"],
+                marker="s",
+                linestyle="--",
+                color=line.get_color(),
+                label="Server: the server node",
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(sorted(t["n_clients"].unique()), [str(n) for n in sorted(t["n_clients"].unique())])
@@ -139,8 +155,10 @@ def plot_bytes(df: pd.DataFrame, out: str) -> None:
 
 def plot_conformal(df: pd.DataFrame, out: str) -> None:
     columns = case_columns(df)
-    labels = [", ".join(text(r[c]) if c in ("label", "method", "run") else f"{c}={text(r[c])}" for c in columns if text(r[c]))
-              for _, r in df.iterrows()]
+    labels = [
+        ", ".join(text(r[c]) if c in ("label", "method", "run") else f"{c}={text(r[c])}" for c in columns if text(r[c]))
+        for _, r in df.iterrows()
+    ]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 0.35 * len(df) + 1.5), sharey=True)
     y = range(len(df))
     a.barh(y, 100 * df["coverage"], xerr=100 * df["coverage_sd"], color="tab:blue", alpha=0.8)
@@ -183,7 +201,13 @@ def plot_drift(df: pd.DataFrame, out: str, smooth: int = 0) -> dict[str, str]:
         color, label = colors[i % len(colors)], labels[r["run"]]
         part = df[df["run"] == r["run"]].sort_values("round")
         if "weight_mean_change" in part and part["weight_mean_change"].notna().any():
-            a.plot(part["round"], part["weight_mean_change"], color=color, label=label, marker="." if len(part) < 30 else None)
+            a.plot(
+                part["round"],
+                part["weight_mean_change"],
+                color=color,
+                label=label,
+                marker="." if len(part) < 30 else None,
+            )
         rows = ring_rows(r["file"])
         if not set(FRACTIONS) & set(rows.columns):
             continue
@@ -191,8 +215,13 @@ def plot_drift(df: pd.DataFrame, out: str, smooth: int = 0) -> dict[str, str]:
         window = smooth or max(1, min(25, len(rows) // 50))
         for name, (_, style) in FRACTIONS.items():
             if name in rows:
-                b.plot(rows["round"], rows[name].rolling(window, min_periods=1).mean(), color=color, linestyle=style,
-                       label=label if name == "plus_fraction" else None)
+                b.plot(
+                    rows["round"],
+                    rows[name].rolling(window, min_periods=1).mean(),
+                    color=color,
+                    linestyle=style,
+                    label=label if name == "plus_fraction" else None,
+                )
     a.set_title("weight mean change (mean of $w_t - w_0$)")
     a.set_xlabel("round")
     a.axhline(0, color="k", linewidth=0.5)
@@ -200,8 +229,14 @@ def plot_drift(df: pd.DataFrame, out: str, smooth: int = 0) -> dict[str, str]:
     b.set_xlabel("round")
     b.set_ylim(-0.02, 1.02)
     if not with_fractions:
-        b.text(0.5, 0.5, "no /ring/*_fraction in these runs\n(only the sign rules record them)",
-               ha="center", va="center", transform=b.transAxes)
+        b.text(
+            0.5,
+            0.5,
+            "no /ring/*_fraction in these runs\n(only the sign rules record them)",
+            ha="center",
+            va="center",
+            transform=b.transAxes,
+        )
     for ax in (a, b):
         ax.grid(alpha=0.3)
     handles, names = a.get_legend_handles_labels()
@@ -254,8 +289,13 @@ def main_bytes(argv: list[str]) -> int:
 
 def main_drift(argv: list[str]) -> int:
     p = _parser("plot-drift", "Weight mean change and the +/-/0 consensus fractions vs round, a line per run.")
-    p.add_argument("--smooth", type=int, default=0, metavar="ROUNDS",
-                   help="moving average of the per-round fractions (default: about 2%% of the rounds, at most 25)")
+    p.add_argument(
+        "--smooth",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="moving average of the per-round fractions (default: about 2%% of the rounds, at most 25)",
+    )
     p.add_argument("--all", action="store_true", help="keep runs that did not complete (preempted, failed)")
     args = p.parse_args(argv)
     df, skipped = load_runs(args.paths, args.all)

@@ -116,7 +116,9 @@ def apply_where(df: pd.DataFrame, where: list[str]) -> pd.DataFrame:
     for item in where:
         key, sep, value = item.partition("=")
         if not sep or key not in df:
-            raise SystemExit(f"--where {item!r}: expected KEY=VALUE with KEY a column ({', '.join(config_columns(df) or df.columns)})")
+            raise SystemExit(
+                f"--where {item!r}: expected KEY=VALUE with KEY a column ({', '.join(config_columns(df) or df.columns)})"
+            )
         df = df[df[key].map(text) == value]
     return df
 
@@ -136,7 +138,9 @@ ONE_PER_TABLE = ("dataset", "clients")
 def varying_settings(runs: pd.DataFrame) -> dict[str, list[str]]:
     """The result-changing settings (not ``seed``) whose values differ across ``runs`` (one row
     per run), with their values."""
-    values = {c: sorted(runs[c].map(lambda v: text(v) or "unset").unique()) for c in config_columns(runs) if c != "seed"}
+    values = {
+        c: sorted(runs[c].map(lambda v: text(v) or "unset").unique()) for c in config_columns(runs) if c != "seed"
+    }
     return {c: v for c, v in values.items() if len(v) > 1}
 
 
@@ -145,8 +149,11 @@ def say_varying(runs: pd.DataFrame) -> None:
     varying = varying_settings(runs)
     n = runs["run"].nunique()
     what = "; ".join(f"{k} ({', '.join(v[:6])}{', ...' if len(v) > 6 else ''})" for k, v in varying.items())
-    print(f"{n} run{'' if n == 1 else 's'}; " + (f"settings that vary across them: {what}" if varying else
-                                                 "they differ in nothing but the seed"), file=sys.stderr)
+    print(
+        f"{n} run{'' if n == 1 else 's'}; "
+        + (f"settings that vary across them: {what}" if varying else "they differ in nothing but the seed"),
+        file=sys.stderr,
+    )
 
 
 def check_comparable(runs: pd.DataFrame, axes: set) -> None:
@@ -154,8 +161,10 @@ def check_comparable(runs: pd.DataFrame, axes: set) -> None:
     for key in ONE_PER_TABLE:
         if key in runs and key not in axes and runs[key].map(text).nunique() > 1:
             values = ", ".join(sorted(runs[key].map(text).unique()))
-            raise SystemExit(f"the runs differ in {key} ({values}), which one table or figure does not mix: "
-                             f"choose with --where {key}=VALUE")
+            raise SystemExit(
+                f"the runs differ in {key} ({values}), which one table or figure does not mix: "
+                f"choose with --where {key}=VALUE"
+            )
 
 
 def check_cells(final: pd.DataFrame, rows: str, cols: str, fixed: set) -> None:
@@ -167,12 +176,15 @@ def check_cells(final: pd.DataFrame, rows: str, cols: str, fixed: set) -> None:
                 mixed.setdefault(c, (key, sorted(cell[c].map(text).unique())))
     if mixed:
         c, (key, values) = next(iter(mixed.items()))
-        raise SystemExit(f"the runs of cell {rows}={key[0]!r}, {cols}={key[1]!r} differ in {c} ({', '.join(values)})"
-                         f"{' and in ' + ', '.join(list(mixed)[1:]) if len(mixed) > 1 else ''}: choose with --where KEY=VALUE")
+        raise SystemExit(
+            f"the runs of cell {rows}={key[0]!r}, {cols}={key[1]!r} differ in {c} ({', '.join(values)})"
+            f"{' and in ' + ', '.join(list(mixed)[1:]) if len(mixed) > 1 else ''}: choose with --where KEY=VALUE"
+        )
 
 
-def paired_differences(final: pd.DataFrame, rows: str, cols: str, ref, measures: list[str],
-                       fixed: set) -> tuple[pd.DataFrame, list[str]]:
+def paired_differences(
+    final: pd.DataFrame, rows: str, cols: str, ref, measures: list[str], fixed: set
+) -> tuple[pd.DataFrame, list[str]]:
     """Per-run values of column ``ref`` and, for every other column, the per-seed differences
     to ``ref`` in the same row; and the settings in which paired cells differ besides ``cols``."""
     per_seed = final.groupby([rows, cols, "seed"], sort=False)[measures].mean().reset_index()
@@ -217,16 +229,25 @@ def _align_beside(beside: pd.DataFrame, row_order: list, col_order: list) -> pd.
         known = set(map(text, ours))
         unknown = [x for x in labels if x not in known]
         if len(unknown) == len(labels):
-            raise SystemExit(f"--beside: none of its {axis}s ({', '.join(map(repr, unknown))}) is a {axis} of the "
-                             f"table; {axis}s: {', '.join(map(text, ours))}")
+            raise SystemExit(
+                f"--beside: none of its {axis}s ({', '.join(map(repr, unknown))}) is a {axis} of the "
+                f"table; {axis}s: {', '.join(map(text, ours))}"
+            )
         if unknown:
             print(f"--beside: {axis}s not in the table, left out: {', '.join(map(repr, unknown))}", file=sys.stderr)
     return beside.reindex(index=[text(r) for r in row_order], columns=[text(c) for c in col_order])
 
 
-def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", metric: str = "test_error",
-                digits: int = 2, window: int = 1, diff_to: str | None = None,
-                beside: pd.DataFrame | None = None) -> tuple[str, pd.DataFrame]:
+def paper_table(
+    df: pd.DataFrame,
+    rows: str = "attack",
+    cols: str = "method",
+    metric: str = "test_error",
+    digits: int = 2,
+    window: int = 1,
+    diff_to: str | None = None,
+    beside: pd.DataFrame | None = None,
+) -> tuple[str, pd.DataFrame]:
     """(Markdown, numeric CSV frame) of ``metric`` over each run's last ``window`` evaluations,
     rows x cols; with ``diff_to``, the other columns as per-seed differences to that column;
     with ``beside`` (rows x cols, labelled as the table), its values in parentheses."""
@@ -260,8 +281,13 @@ def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", me
             raise SystemExit(f"--diff-to {diff_to!r}: no such column; columns: {', '.join(map(text, col_order))}")
         values, differ = paired_differences(final, rows, cols, ref, measures, fixed)
     grouped = values.groupby([rows, cols])
-    stats = {m: {s: getattr(grouped[m], s)().unstack(cols).reindex(index=row_order, columns=col_order)
-                 for s in ("mean", "std", "count")} for m in measures}
+    stats = {
+        m: {
+            s: getattr(grouped[m], s)().unstack(cols).reindex(index=row_order, columns=col_order)
+            for s in ("mean", "std", "count")
+        }
+        for m in measures
+    }
 
     def number(c, x) -> str:
         return f"{x:+.{digits}f}" if ref is not None and c != ref else f"{x:.{digits}f}"
@@ -280,16 +306,22 @@ def paper_table(df: pd.DataFrame, rows: str = "attack", cols: str = "method", me
     what = metric.removeprefix("metrics/").replace("_", " ")
     seeds = final["seed"].nunique() if "seed" in final else 1
     short = int((final["evaluations"] < window).sum())
-    caption = ((f"Final {what}" if window == 1 else f"{what[:1].upper() + what[1:]}, mean of the last {window} evaluations")
-               + f" ({_rounds(final, window)})"
-               + (f"; {short} runs have fewer evaluations: all of theirs are used" if short else "")
-               + (f"; where measured: {what} / attack success rate" if has_success else "")
-               + f". {len(final)} run{'' if len(final) == 1 else 's'}" + (f", mean ± sd (n runs) over {seeds} seeds" if seeds > 1 else "") + ".")
+    caption = (
+        (f"Final {what}" if window == 1 else f"{what[:1].upper() + what[1:]}, mean of the last {window} evaluations")
+        + f" ({_rounds(final, window)})"
+        + (f"; {short} runs have fewer evaluations: all of theirs are used" if short else "")
+        + (f"; where measured: {what} / attack success rate" if has_success else "")
+        + f". {len(final)} run{'' if len(final) == 1 else 's'}"
+        + (f", mean ± sd (n runs) over {seeds} seeds" if seeds > 1 else "")
+        + "."
+    )
     if beside is not None:
         caption += f" In parentheses: {source}."
     if ref is not None:
-        caption += (f" Columns other than {text(ref)}: difference to {text(ref)} in the same row, paired by seed, "
-                    "mean ± sd (n pairs)" + (f"; the paired runs also differ in {', '.join(differ)}" if differ else "") + ".")
+        caption += (
+            f" Columns other than {text(ref)}: difference to {text(ref)} in the same row, paired by seed, "
+            "mean ± sd (n pairs)" + (f"; the paired runs also differ in {', '.join(differ)}" if differ else "") + "."
+        )
     head = [rows.capitalize() if rows != "attack" else "Attack", *map(text, col_order)]
     lines = [caption, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join([text(r), *(cell(r, c) for c in col_order)]) + " |" for r in row_order]
@@ -333,21 +365,37 @@ def _positive(value: str) -> int:
 
 
 def main_table(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis table",
-                                description="Paper-layout table of training runs: a final metric, rows x columns, "
-                                            "mean ± sd (n) over seeds, or paired differences to one column.")
+    p = argparse.ArgumentParser(
+        prog="python -m analysis table",
+        description="Paper-layout table of training runs: a final metric, rows x columns, "
+        "mean ± sd (n) over seeds, or paired differences to one column.",
+    )
     p.add_argument("paths", nargs="+", metavar="FILE|DIR")
     p.add_argument("--out", metavar="PREFIX", help="write PREFIX.md and PREFIX.csv")
     p.add_argument("--rows", default="attack", help="column for the rows (default attack)")
     p.add_argument("--cols", default="method", help="column for the columns (default method: the defence)")
-    p.add_argument("--metric", default="test_error",
-                   help="metric in the cells: test_error (default), test_accuracy or any /metrics column")
-    p.add_argument("--final-window", type=_positive, default=1, metavar="K",
-                   help="a run's value is the mean of its last K evaluations (default 1: the final one)")
-    p.add_argument("--diff-to", metavar="COLUMN",
-                   help="show every other column as the per-seed paired difference to this column (e.g. BRACE)")
-    p.add_argument("--beside", metavar="FILE.csv",
-                   help="show this table's values (same row and column labels) in parentheses, e.g. the paper's")
+    p.add_argument(
+        "--metric",
+        default="test_error",
+        help="metric in the cells: test_error (default), test_accuracy or any /metrics column",
+    )
+    p.add_argument(
+        "--final-window",
+        type=_positive,
+        default=1,
+        metavar="K",
+        help="a run's value is the mean of its last K evaluations (default 1: the final one)",
+    )
+    p.add_argument(
+        "--diff-to",
+        metavar="COLUMN",
+        help="show every other column as the per-seed paired difference to this column (e.g. BRACE)",
+    )
+    p.add_argument(
+        "--beside",
+        metavar="FILE.csv",
+        help="show this table's values (same row and column labels) in parentheses, e.g. the paper's",
+    )
     p.add_argument("--digits", type=int, default=2)
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="keep only runs with this setting")
     args = p.parse_args(argv)
@@ -359,6 +407,8 @@ def main_table(argv: list[str]) -> int:
         print("no complete training runs to tabulate", file=sys.stderr)
         return 1
     say_varying(df.drop_duplicates("run"))
-    write_outputs(*paper_table(df, args.rows, args.cols, args.metric, args.digits, args.final_window, args.diff_to,
-                               beside), args.out)
+    write_outputs(
+        *paper_table(df, args.rows, args.cols, args.metric, args.digits, args.final_window, args.diff_to, beside),
+        args.out,
+    )
     return 0

@@ -63,8 +63,11 @@ def runs(args):
         if method == "brace":
             sets.append(f"brace.lambda={args.lam}")
         if args.relay_attack != "none":
-            sets += [f"{method}.relay_attack={args.relay_attack}", f"{method}.relay_bias={args.relay_bias}",
-                     f"{method}.relay_flip_prob={args.relay_flip_prob}"]
+            sets += [
+                f"{method}.relay_attack={args.relay_attack}",
+                f"{method}.relay_bias={args.relay_bias}",
+                f"{method}.relay_flip_prob={args.relay_flip_prob}",
+            ]
         for check in checks if method != "mean" else ("off",):
             label = method + (f" relay={args.relay_attack}" if args.relay_attack != "none" else "") + f" check={check}"
             extra = ["--aggregator", method, "--lr", str(args.lr_sign)]
@@ -99,10 +102,28 @@ def main(argv=None) -> int:
     out_dir = args.out_dir or (tempfile.mkdtemp(prefix="brace_learning_") if comm.rank == 0 else None)
     out_dir = comm.bcast(out_dir)
     common = [
-        "--topology", "ring", "--dataset", "fashion-mnist", "--clients", str(args.clients),
-        "--byzantine", str(args.byzantine), "--partition", "fang", "--noniid", str(args.noniid),
-        "--rounds", str(args.rounds), "--eval-every", str(args.eval_every), "--batch-size", "32",
-        "--seed", str(args.seed), "--overwrite", "--quiet",
+        "--topology",
+        "ring",
+        "--dataset",
+        "fashion-mnist",
+        "--clients",
+        str(args.clients),
+        "--byzantine",
+        str(args.byzantine),
+        "--partition",
+        "fang",
+        "--noniid",
+        str(args.noniid),
+        "--rounds",
+        str(args.rounds),
+        "--eval-every",
+        str(args.eval_every),
+        "--batch-size",
+        "32",
+        "--seed",
+        str(args.seed),
+        "--overwrite",
+        "--quiet",
     ]
     results = []
     for i, (label, extra) in enumerate(runs(args)):
@@ -119,15 +140,23 @@ def main(argv=None) -> int:
             curve = "  ".join(f"{r}:{e:.3f}" for r, e in s["curve"])
             print(f"{label:<32} lr {s['lr']:<7} test error by round  {curve}", flush=True)
     if comm.rank == 0:
-        print(f"\nFashion-MNIST, {args.clients} clients on {comm.size} ranks, {args.byzantine:.0%} Byzantine "
-              f"(honest gradients), Fang q = {args.noniid}, {args.rounds} rounds, batch 32, seed {args.seed}")
-        print(f"{'method':<32}{'lr':>8}{'final err':>11}{'best err':>10}{'bytes/client/round':>20}"
-              f"{'seconds':>9}  extra")
+        print(
+            f"\nFashion-MNIST, {args.clients} clients on {comm.size} ranks, {args.byzantine:.0%} Byzantine "
+            f"(honest gradients), Fang q = {args.noniid}, {args.rounds} rounds, batch 32, seed {args.seed}"
+        )
+        print(
+            f"{'method':<32}{'lr':>8}{'final err':>11}{'best err':>10}{'bytes/client/round':>20}{'seconds':>9}  extra"
+        )
         for s in results:
-            extra = {k: s[k] for k in ("paper_formula_bytes", "relay_tampered_hops", "relay_flipped_signs",
-                                       "detections_all_rounds") if k in s}
-            print(f"{s['label']:<32}{s['lr']:>8}{s['final_error']:>11.4f}{s['best_error']:>10.4f}"
-                  f"{s['bytes_per_client_round']:>20,.0f}{s['seconds']:>9.1f}  {extra}")
+            extra = {
+                k: s[k]
+                for k in ("paper_formula_bytes", "relay_tampered_hops", "relay_flipped_signs", "detections_all_rounds")
+                if k in s
+            }
+            print(
+                f"{s['label']:<32}{s['lr']:>8}{s['final_error']:>11.4f}{s['best_error']:>10.4f}"
+                f"{s['bytes_per_client_round']:>20,.0f}{s['seconds']:>9.1f}  {extra}"
+            )
         print(f"results: {out_dir}")
     return 0
 

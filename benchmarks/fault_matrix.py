@@ -98,8 +98,12 @@ def state(path: Path) -> dict:
     try:
         with h5py.File(path, "r") as f:
             rounds = f["metrics/round"][:].tolist() if "metrics/round" in f else []
-            return {"opens": True, "status": str(f.attrs["status"]), "rounds": rounds,
-                    "contiguous": rounds == list(range(1, len(rounds) + 1))}
+            return {
+                "opens": True,
+                "status": str(f.attrs["status"]),
+                "rounds": rounds,
+                "contiguous": rounds == list(range(1, len(rounds) + 1)),
+            }
     except OSError as e:
         return {"opens": False, "error": str(e)}
 
@@ -128,15 +132,31 @@ def kill9(tmp: Path, kills: int, seed: int = 0) -> dict:
         proc.stderr.close()
         unlocked(out)
         st = state(out)
-        resumed = subprocess.run([sys.executable, "-m", "fedring", *SMALL, "--rounds", "60", "--out", str(out),
-                                  "--resume", "--quiet"], cwd=ROOT, env=env(), capture_output=True, text=True)
-        trials.append({"round": at, "rank": victim, "seconds_to_end": round(ended, 1), "exit": proc.returncode,
-                       "opens": st["opens"], "rounds_kept": len(st.get("rounds", [])),
-                       "kept_all_before_kill": st["opens"] and st["contiguous"] and len(st["rounds"]) >= at,
-                       "resumed_to_end": resumed.returncode == 0 and state(out)["status"] == "complete"})
-    return {"trials": trials, "max_seconds_to_end": max(t["seconds_to_end"] for t in trials),
-            "all_readable": all(t["kept_all_before_kill"] for t in trials),
-            "all_resumed": all(t["resumed_to_end"] for t in trials)}
+        resumed = subprocess.run(
+            [sys.executable, "-m", "fedring", *SMALL, "--rounds", "60", "--out", str(out), "--resume", "--quiet"],
+            cwd=ROOT,
+            env=env(),
+            capture_output=True,
+            text=True,
+        )
+        trials.append(
+            {
+                "round": at,
+                "rank": victim,
+                "seconds_to_end": round(ended, 1),
+                "exit": proc.returncode,
+                "opens": st["opens"],
+                "rounds_kept": len(st.get("rounds", [])),
+                "kept_all_before_kill": st["opens"] and st["contiguous"] and len(st["rounds"]) >= at,
+                "resumed_to_end": resumed.returncode == 0 and state(out)["status"] == "complete",
+            }
+        )
+    return {
+        "trials": trials,
+        "max_seconds_to_end": max(t["seconds_to_end"] for t in trials),
+        "all_readable": all(t["kept_all_before_kill"] for t in trials),
+        "all_resumed": all(t["resumed_to_end"] for t in trials),
+    }
 
 
 CHECKPOINT_FAULT = """
@@ -165,18 +185,33 @@ def checkpoint_fault(tmp: Path, sig: str) -> dict:
     ref, out = tmp / f"ref-{sig}.h5", tmp / f"ckpt-{sig}.h5"
     args = [*SMALL, "--rounds", "20", "--quiet"]
     subprocess.run([sys.executable, "-m", "fedring", *args, "--out", str(ref)], cwd=ROOT, env=env(), check=True)
-    proc = subprocess.run([sys.executable, str(script), sig, *args, "--out", str(out)], cwd=ROOT, env=env(),
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(script), sig, *args, "--out", str(out)],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
     st = state(out)
     with h5py.File(out, "r") as f:
         from fedring.results import read_checkpoint
 
         ckpt_round = read_checkpoint(f)[1]["round"]
-    resumed = subprocess.run([sys.executable, "-m", "fedring", *args, "--out", str(out), "--resume"], cwd=ROOT,
-                             env=env(), capture_output=True, text=True)
-    return {"exit": proc.returncode, "status": st.get("status"), "rounds_kept": len(st.get("rounds", [])),
-            "checkpoint_round": ckpt_round, "resumed": resumed.returncode == 0,
-            "bit_identical_to_uninterrupted": resumed.returncode == 0 and final_model(out) == final_model(ref)}
+    resumed = subprocess.run(
+        [sys.executable, "-m", "fedring", *args, "--out", str(out), "--resume"],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
+    return {
+        "exit": proc.returncode,
+        "status": st.get("status"),
+        "rounds_kept": len(st.get("rounds", [])),
+        "checkpoint_round": ckpt_round,
+        "resumed": resumed.returncode == 0,
+        "bit_identical_to_uninterrupted": resumed.returncode == 0 and final_model(out) == final_model(ref),
+    }
 
 
 FSIZE_LIMIT = """
@@ -205,8 +240,14 @@ def disk_full(tmp: Path) -> dict:
             free_before = shutil.disk_usage(mnt).free
             filler.unlink()
             st = state(out)
-            rows["tmpfs"] = {"exit": proc.returncode, "message": first_error(err), "free_bytes_left": free_before,
-                             **st, "rounds": len(st.get("rounds", [])), "filled_after_round": 20}
+            rows["tmpfs"] = {
+                "exit": proc.returncode,
+                "message": first_error(err),
+                "free_bytes_left": free_before,
+                **st,
+                "rounds": len(st.get("rounds", [])),
+                "filled_after_round": 20,
+            }
         finally:
             subprocess.run(["umount", str(mnt)], check=False)
     # ulimit -f on the whole job would stop MPICH itself (its shared-memory transport writes
@@ -216,8 +257,13 @@ def disk_full(tmp: Path) -> dict:
     proc = launch(2, [str(3 << 20), *args, "--out", str(out)], script=script)
     _, err = proc.communicate(timeout=600)
     st = state(out)
-    rows["file size limit 3 MiB"] = {"exit": proc.returncode, "message": first_error(err), **st,
-                                     "rounds": len(st.get("rounds", [])), "file_bytes": out.stat().st_size}
+    rows["file size limit 3 MiB"] = {
+        "exit": proc.returncode,
+        "message": first_error(err),
+        **st,
+        "rounds": len(st.get("rounds", [])),
+        "file_bytes": out.stat().st_size,
+    }
     return rows
 
 
@@ -228,8 +274,12 @@ def first_error(stderr: str) -> str:
 
 def damaged_resume(tmp: Path) -> dict:
     good = tmp / "good.h5"
-    subprocess.run([sys.executable, "-m", "fedring", *SMALL, "--rounds", "3", "--quiet", "--out", str(good)],
-                   cwd=ROOT, env=env(), check=True)
+    subprocess.run(
+        [sys.executable, "-m", "fedring", *SMALL, "--rounds", "3", "--quiet", "--out", str(good)],
+        cwd=ROOT,
+        env=env(),
+        check=True,
+    )
     rows = {}
     for kind in ("truncated", "corrupted"):
         out = tmp / f"{kind}.h5"
@@ -242,15 +292,20 @@ def damaged_resume(tmp: Path) -> dict:
         out.write_bytes(bytes(data))
         proc = launch(2, [*SMALL, "--rounds", "3", "--out", str(out), "--resume"])
         _, err = proc.communicate(timeout=120)
-        rows[kind] = {"exit": proc.returncode, "message": err.strip().splitlines()[-1][:160] if err.strip() else "",
-                      "file_untouched": out.read_bytes() == bytes(data)}
+        rows[kind] = {
+            "exit": proc.returncode,
+            "message": err.strip().splitlines()[-1][:160] if err.strip() else "",
+            "file_untouched": out.read_bytes() == bytes(data),
+        }
     return rows
 
 
 def memory(tmp: Path, ranks: int) -> dict:
     out = tmp / "mem.h5"
-    proc = launch(ranks, ["--dataset", "synthetic", "--clients", str(ranks), "--rounds", "200", "--eval-every", "10",
-                          "--out", str(out)])
+    proc = launch(
+        ranks,
+        ["--dataset", "synthetic", "--clients", str(ranks), "--rounds", "200", "--eval-every", "10", "--out", str(out)],
+    )
     samples: dict[int, dict[int, int]] = {}  # round -> rank -> RSS (kB)
     pids: dict[int, int] = {}
     os.set_blocking(proc.stdout.fileno(), False)
@@ -280,26 +335,41 @@ def memory(tmp: Path, ranks: int) -> dict:
     a = np.array([samples[first][r] for r in range(ranks)], float)
     b = np.array([samples[last][r] for r in range(ranks)], float)
     growth = (b - a) / a
-    return {"ranks": ranks, "exit": proc.returncode, "round_from": first, "round_to": last,
-            "rss_mib_median_from": round(float(np.median(a)) / 1024, 1),
-            "rss_mib_median_to": round(float(np.median(b)) / 1024, 1),
-            "growth_median_percent": round(100 * float(np.median(growth)), 2),
-            "growth_max_percent": round(100 * float(growth.max()), 2),
-            "total_rss_gib_to": round(float(b.sum()) / 2**20, 2)}
+    return {
+        "ranks": ranks,
+        "exit": proc.returncode,
+        "round_from": first,
+        "round_to": last,
+        "rss_mib_median_from": round(float(np.median(a)) / 1024, 1),
+        "rss_mib_median_to": round(float(np.median(b)) / 1024, 1),
+        "growth_median_percent": round(100 * float(np.median(growth)), 2),
+        "growth_max_percent": round(100 * float(growth.max()), 2),
+        "total_rss_gib_to": round(float(b.sum()) / 2**20, 2),
+    }
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kills", type=int, default=10)
     p.add_argument("--memory-ranks", type=int, default=100)
-    p.add_argument("--only", nargs="+", choices=["kill9", "sigterm-checkpoint", "sigkill-checkpoint", "disk-full",
-                                                 "damaged-resume", "memory"])
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=["kill9", "sigterm-checkpoint", "sigkill-checkpoint", "disk-full", "damaged-resume", "memory"],
+    )
     p.add_argument("--json", metavar="FILE", help="write the rows measured (into FILE's other rows, if it exists)")
     args = p.parse_args()
     rows = {}
     with tempfile.TemporaryDirectory(prefix="fedring-faults-") as d:
         tmp = Path(d)
-        todo = args.only or ["kill9", "sigterm-checkpoint", "sigkill-checkpoint", "disk-full", "damaged-resume", "memory"]
+        todo = args.only or [
+            "kill9",
+            "sigterm-checkpoint",
+            "sigkill-checkpoint",
+            "disk-full",
+            "damaged-resume",
+            "memory",
+        ]
         for name in todo:
             t0 = time.monotonic()
             if name == "kill9":

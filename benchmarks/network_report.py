@@ -32,14 +32,25 @@ def load(paths: list[str]) -> pd.DataFrame:
 
 def ratio_table(df: pd.DataFrame) -> str:
     """x bound per op; ring seconds / BRACE seconds."""
-    rows = ["| rate | nodes x ranks | wait | elements | " + " | ".join(f"{op} / bound" for op in
-            ["ring", "native", *SIGN_OPS, "server"]) + " | ring s / brace s |", "|" + "---|" * 12]
+    rows = [
+        "| rate | nodes x ranks | wait | elements | "
+        + " | ".join(f"{op} / bound" for op in ["ring", "native", *SIGN_OPS, "server"])
+        + " | ring s / brace s |",
+        "|" + "---|" * 12,
+    ]
     for key, g in df.groupby(["rate_bps", "nodes", "ranks_per_node", "wait", "elements"], sort=False):
         by = g.set_index("op")
-        cells = [f"{by.at[op, 'ratio']:.2f}" if op in by.index else "" for op in ["ring", "native", *SIGN_OPS, "server"]]
-        speed = f"{by.at['ring', 'seconds'] / by.at['brace', 'seconds']:.1f}" if {"ring", "brace"} <= set(by.index) else ""
-        rows.append(f"| {g['rate'].iat[0]} | {key[1]} x {key[2]} | {key[3]} | 2^{int(key[4]).bit_length() - 1} | "
-                    + " | ".join(cells) + f" | {speed} |")
+        cells = [
+            f"{by.at[op, 'ratio']:.2f}" if op in by.index else "" for op in ["ring", "native", *SIGN_OPS, "server"]
+        ]
+        speed = (
+            f"{by.at['ring', 'seconds'] / by.at['brace', 'seconds']:.1f}" if {"ring", "brace"} <= set(by.index) else ""
+        )
+        rows.append(
+            f"| {g['rate'].iat[0]} | {key[1]} x {key[2]} | {key[3]} | 2^{int(key[4]).bit_length() - 1} | "
+            + " | ".join(cells)
+            + f" | {speed} |"
+        )
     return "\n".join(rows)
 
 
@@ -48,8 +59,10 @@ def wire_table(df: pd.DataFrame) -> str:
     d = df[df["ledger_bytes"].notna()].copy()
     d["wire"] = d["link_bytes"] / d["ledger_bytes"]
     g = d.groupby("op", sort=False)["wire"].agg(["min", "max"])
-    return "\n".join(["| op | link bytes / ledger bytes |", "|---|---|"]
-                     + [f"| {op} | {r['min']:.4f} – {r['max']:.4f} |" for op, r in g.iterrows()])
+    return "\n".join(
+        ["| op | link bytes / ledger bytes |", "|---|---|"]
+        + [f"| {op} | {r['min']:.4f} – {r['max']:.4f} |" for op, r in g.iterrows()]
+    )
 
 
 def scaling(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
@@ -62,7 +75,9 @@ def scaling(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     counts = d.groupby("elements")["nodes"].nunique()
     size = counts[counts == counts.max()].index.max()
     d = d[(d["elements"] == size) & d["op"].isin(["server", "ring", "brace"])]
-    return d.pivot_table(index=["ranks_per_node", "nodes"], columns="op", values=["seconds", "bound_seconds"]), int(size)
+    return d.pivot_table(index=["ranks_per_node", "nodes"], columns="op", values=["seconds", "bound_seconds"]), int(
+        size
+    )
 
 
 def plot(table: pd.DataFrame, size: int, path: str, note: str = "") -> None:

@@ -64,8 +64,11 @@ def update_costs() -> None:
     g = np.random.default_rng(0).standard_normal(d).astype(np.float32)
     w = g.copy()
     rows = {}
-    for name, opt in {"client momentum 0.9": ClientOptimizer(0.9), "client nesterov": ClientOptimizer(0.9, True),
-                      "client weight decay + clipping": ClientOptimizer(weight_decay=1e-4, clip_norm=1.0)}.items():
+    for name, opt in {
+        "client momentum 0.9": ClientOptimizer(0.9),
+        "client nesterov": ClientOptimizer(0.9, True),
+        "client weight decay + clipping": ClientOptimizer(weight_decay=1e-4, clip_norm=1.0),
+    }.items():
         state = opt.init(1, d)
         rows[name] = best_seconds(lambda opt=opt, state=state: opt.direction(state, 0, opt.gradient(g.copy(), w)))
     for name in ("sgd", "momentum", "adam", "yogi", "adagrad"):
@@ -73,7 +76,9 @@ def update_costs() -> None:
         state = opt.init(d)
         rows[f"server {name}"] = best_seconds(lambda opt=opt, state=state: opt.update(state, g, 0.1))
     grad = best_seconds(gradient, 50)
-    print(f"updates at d = {d:,} (best of 200 calls), beside one client's gradient on a batch of 32: {grad * 1e3:.2f} ms")
+    print(
+        f"updates at d = {d:,} (best of 200 calls), beside one client's gradient on a batch of 32: {grad * 1e3:.2f} ms"
+    )
     for name, sec in rows.items():
         print(f"  {name:32s} {sec * 1e3:7.3f} ms  ({sec / grad:.4f} of a gradient)")
 
@@ -92,10 +97,29 @@ def main(argv: list[str]) -> int:
         for _ in range(args.repeat):
             for name, extra in CONFIGS.items():
                 out = Path(tmp) / "run.h5"
-                cmd = [str(ROOT / "benchmarks" / "peak_memory.sh"), "mpiexec", "-n", str(args.ranks), sys.executable,
-                       "-m", "fedring", "run", "--clients", str(args.clients), "--rounds", str(args.rounds),
-                       "--eval-every", str(args.rounds), "--checkpoint-every", str(10 * args.rounds), "--quiet",
-                       "--overwrite", "--out", str(out), *extra]
+                cmd = [
+                    str(ROOT / "benchmarks" / "peak_memory.sh"),
+                    "mpiexec",
+                    "-n",
+                    str(args.ranks),
+                    sys.executable,
+                    "-m",
+                    "fedring",
+                    "run",
+                    "--clients",
+                    str(args.clients),
+                    "--rounds",
+                    str(args.rounds),
+                    "--eval-every",
+                    str(args.rounds),
+                    "--checkpoint-every",
+                    str(10 * args.rounds),
+                    "--quiet",
+                    "--overwrite",
+                    "--out",
+                    str(out),
+                    *extra,
+                ]
                 text = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
                 pss[name].append(int(re.search(r"\((\d+) MiB each\)", text).group(1)))
                 with h5py.File(out, "r") as f:
@@ -103,14 +127,19 @@ def main(argv: list[str]) -> int:
     base = min(wall["sgd"])
     d = 139_960
     local = -(-args.clients // args.ranks)
-    added = {"sgd": 0, "momentum 0.9": local * d * 4, "adam": 2 * d * 4,
-             "momentum 0.9 + adam": (local + 2) * d * 4}
-    print(f"Fashion-MNIST CNN (d = {d:,}), {args.clients} clients on {args.ranks} ranks, {args.rounds} rounds, "
-          f"best of {args.repeat}")
-    print(f"{'configuration':22s} {'wall s':>8s} {'ratio':>6s} {'peak PSS/rank MiB':>18s} {'state added/rank MiB':>21s}")
+    added = {"sgd": 0, "momentum 0.9": local * d * 4, "adam": 2 * d * 4, "momentum 0.9 + adam": (local + 2) * d * 4}
+    print(
+        f"Fashion-MNIST CNN (d = {d:,}), {args.clients} clients on {args.ranks} ranks, {args.rounds} rounds, "
+        f"best of {args.repeat}"
+    )
+    print(
+        f"{'configuration':22s} {'wall s':>8s} {'ratio':>6s} {'peak PSS/rank MiB':>18s} {'state added/rank MiB':>21s}"
+    )
     for name in CONFIGS:
-        print(f"{name:22s} {min(wall[name]):8.1f} {min(wall[name]) / base:6.3f} {min(pss[name]):18d} "
-              f"{added[name] / 2**20:21.1f}")
+        print(
+            f"{name:22s} {min(wall[name]):8.1f} {min(wall[name]) / base:6.3f} {min(pss[name]):18d} "
+            f"{added[name] / 2**20:21.1f}"
+        )
     return 0
 
 

@@ -1,5 +1,6 @@
 """Time one call of every model attack at the BRACE paper's size (FMNIST CNN d = 139,960,
 n = 100 clients, 20 Byzantine), float32 inputs, median as the defence for the generic adaptive."""
+
 import time
 
 import numpy as np
@@ -17,8 +18,12 @@ def med(G):
 
 
 cases = [(name, {}) for name in ATTACKS if name not in ("labelflip", "backdoor")]
-cases += [("fang_krum", {"variant": "partial"}), ("fang_trim", {"variant": "partial"}),
-          ("adaptive", {"mode": "margin"}), ("adaptive", {"target": "generic"})]
+cases += [
+    ("fang_krum", {"variant": "partial"}),
+    ("fang_trim", {"variant": "partial"}),
+    ("adaptive", {"mode": "margin"}),
+    ("adaptive", {"target": "generic"}),
+]
 for name, params in cases:
     a = make_attack(name, params, n_clients=n)
     ctx = AttackContext(np.random.default_rng(1), n, b, 0.01, 0, med)

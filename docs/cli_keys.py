@@ -41,47 +41,55 @@ PAGE = ROOT / "docs" / "cli.md"
 NO_OPTION_MEANING = {
     "task": "what runs: `train`, `prism` or `labelshift` (`python -m fedring conformal TASK` sets it)",
     "stop_grace": "seconds a stop signal waits for the current round or trial to end before the job "
-                  "is aborted (file marked `preempted`)",
+    "is aborted (file marked `preempted`)",
     "threads": "torch CPU threads per rank (training only; a run is bit-identical only with the same value)",
     "byzantine_select": "which clients are Byzantine: `random` (drawn from the seed) or `first` (ids 0 .. b-1)",
     "server_samples": "training samples drawn once for the server's clean gradient (`fltrust`, `zenopp`, "
-                      "`hplus` with `mode = \"clean\"`)",
+    '`hplus` with `mode = "clean"`)',
     "validation": "fraction in [0, 1) of every client's training samples held out (floor) and evaluated like the "
-                  "test set (`/metrics/validation_*`); drawn per client from the seed",
+    "test set (`/metrics/validation_*`); drawn per client from the seed",
     "bn_stats": "BatchNorm running statistics: `aggregate` (the clients' mean after every round) or `local` "
-                "(each client keeps its own; FedBN); docs/training.md",
+    "(each client keeps its own; FedBN); docs/training.md",
     "local_epochs": "passes over the client's shard per round instead of `local_steps` (exclusive with it): "
-                    "ceil(samples / batch_size) steps per pass",
+    "ceil(samples / batch_size) steps per pass",
     "momentum": "client heavy-ball momentum beta in [0, 1): `m <- beta m + u`; the client uploads `m` "
-                "(worker momentum); docs/training.md",
+    "(worker momentum); docs/training.md",
     "nesterov": "upload `u + beta m` instead of `m` (needs momentum > 0)",
     "weight_decay": "`g <- g + weight_decay * w` on every local mini-batch gradient (after clipping)",
     "clip_norm": "clip every local mini-batch gradient to this L2 norm (unset: no clipping)",
     "server_optimizer": "what the replicas do with the aggregate: `sgd` (`w -= lr_t g`), `momentum`, `adam`, "
-                        "`yogi`, `adagrad`; parameters in the section named after it (table below)",
+    "`yogi`, `adagrad`; parameters in the section named after it (table below)",
 }
 
 #: the ring rules' keys (fedring/comm/brace.py reads them with params.get, so no signature holds them)
 RING_KEY_MEANING = {
     "lambda": "threshold of the consensus map: `+1 if S > lambda else -1` (the paper's eq. 1); any finite "
-              "number. The paper's value for 100 clients",
+    "number. The paper's value for 100 clients",
     "rule": "`paper` (eq. 1, two-valued) or `symmetric` (`+1 if S > lambda`, `-1 if S < -lambda`, else 0; "
-            "not in the paper; needs lambda >= 0)",
+    "not in the paper; needs lambda >= 0)",
     "theta": "integer >= 0: `rho * sign(S)` with `rho = +1 if abs(S) >= theta else -1`; default ceil(0.2 n)",
     "sign_zero": "the vote of a coordinate that is exactly 0 or not finite: 0 (abstain), 1 or -1",
     "check": "`on`/`off` (or true/false): the Share-Reduce integrity check (range and parity of the counts)",
     "relay_attack": "beyond the paper: `none`, `bias` (Byzantine relays add `relay_bias` to the counts they "
-                    "forward) or `flip` (they flip consensus signs in Share-Only)",
-    "relay_bias": "nonzero integer a Byzantine relay adds to each partial count (`relay_attack = \"bias\"`)",
+    "forward) or `flip` (they flip consensus signs in Share-Only)",
+    "relay_bias": 'nonzero integer a Byzantine relay adds to each partial count (`relay_attack = "bias"`)',
     "relay_flip_prob": "probability in [0, 1] that a Byzantine relay flips each sign it forwards "
-                       "(`relay_attack = \"flip\"`)",
+    '(`relay_attack = "flip"`)',
     "relay_clients": "the Byzantine relays (client ids), for the Python API; a training run refuses it: its relays are its "
-                     "Byzantine clients (`byzantine`, `byzantine_select`)",
+    "Byzantine clients (`byzantine`, `byzantine_select`)",
 }
 #: ring-rule key -> attribute of the built rule holding its value (the defaults are read from there)
-RING_KEY_ATTR = {"lambda": "lam", "rule": "brace_rule", "theta": "theta", "sign_zero": "sign_zero",
-                 "check": "check", "relay_attack": "relay_attack", "relay_bias": "relay_bias",
-                 "relay_flip_prob": "flip_prob", "relay_clients": None}
+RING_KEY_ATTR = {
+    "lambda": "lam",
+    "rule": "brace_rule",
+    "theta": "theta",
+    "sign_zero": "sign_zero",
+    "check": "check",
+    "relay_attack": "relay_attack",
+    "relay_bias": "relay_bias",
+    "relay_flip_prob": "flip_prob",
+    "relay_clients": None,
+}
 
 #: the [sweep] table of a grid file (fedring.sweep.SweepSettings)
 SWEEP_MEANING = {
@@ -90,7 +98,7 @@ SWEEP_MEANING = {
     "time": "`sbatch --time` of each array task",
     "max_parallel": "at most this many array tasks at once (`--array=0-N%M`); with `--local`, runs at once",
     "launcher": "`srun` (with `--mpi=pmi2`) or `mpiexec` inside the job",
-    "sbatch": "more `sbatch` options, e.g. `[\"--partition=cpu\", \"--account=me\"]`",
+    "sbatch": 'more `sbatch` options, e.g. `["--partition=cpu", "--account=me"]`',
 }
 
 # ----------------------------------------------------------------------------------------------
@@ -134,8 +142,7 @@ def strip_default(help_text: str) -> str:
 
 def signature_defaults(cls, names: list[str]) -> dict[str, object]:
     sig = inspect.signature(cls.__init__).parameters
-    return {n: (sig[n].default if n in sig and sig[n].default is not inspect.Parameter.empty else ...)
-            for n in names}
+    return {n: (sig[n].default if n in sig and sig[n].default is not inspect.Parameter.empty else ...) for n in names}
 
 
 def params_cell(cls, context: tuple[str, ...]) -> str:
@@ -148,7 +155,11 @@ def params_cell(cls, context: tuple[str, ...]) -> str:
     shown = []
     for n in names:
         d = defaults[n]
-        shown.append(f"`{n}`" if d is ... else f"`{n}` ({'auto' if d is None else code(list(d) if isinstance(d, tuple) else d).strip('`')})")
+        shown.append(
+            f"`{n}`"
+            if d is ...
+            else f"`{n}` ({'auto' if d is None else code(list(d) if isinstance(d, tuple) else d).strip('`')})"
+        )
     return ", ".join(shown)
 
 
@@ -184,8 +195,12 @@ def _top_level_rows(keys) -> list[list[str]]:
         if meaning is None:
             raise SystemExit(f"cli_keys.py: setting {key!r} has no option help and no meaning in NO_OPTION_MEANING")
         default = getattr(defaults, key)
-        shown = {"clients": "one per rank", "declared_f": "the actual count", "out": "`results/NAME.h5` (below)",
-                 "data_dir": "per data set"}.get(key, code(default))
+        shown = {
+            "clients": "one per rank",
+            "declared_f": "the actual count",
+            "out": "`results/NAME.h5` (below)",
+            "data_dir": "per data set",
+        }.get(key, code(default))
         if key == "pre_aggregators":
             shown = "`[]`"
         rows.append([f"`{key}`", f"`{opt}`" if opt else "—", f"`{FIELDS[key].type}`", shown, meaning])
@@ -201,14 +216,16 @@ def t_general() -> str:
 def t_train() -> str:
     from fedring.config import FIELDS, GENERAL
 
-    return table(["key", "option", "type", "default", "meaning"], _top_level_rows(k for k in FIELDS if k not in GENERAL))
+    return table(
+        ["key", "option", "type", "default", "meaning"], _top_level_rows(k for k in FIELDS if k not in GENERAL)
+    )
 
 
 def t_server_rules() -> str:
     from fedring.aggregators import AGGREGATORS
 
     rows = [[f"`{name}`", params_cell(cls, ("f", "sections"))] for name, cls in AGGREGATORS.items()]
-    return table(["`aggregator` (`topology = \"server\"`)", "section keys (default)"], rows)
+    return table(['`aggregator` (`topology = "server"`)', "section keys (default)"], rows)
 
 
 def t_pre_aggregators() -> str:
@@ -222,7 +239,9 @@ def t_ring_rules() -> str:
     from fedring.comm import RING_RULES
     from fedring.comm.brace import COMMON_KEYS, RULE_KEYS
 
-    missing = [k for k in (*COMMON_KEYS, *(k for keys in RULE_KEYS.values() for k in keys)) if k not in RING_KEY_MEANING]
+    missing = [
+        k for k in (*COMMON_KEYS, *(k for keys in RULE_KEYS.values() for k in keys)) if k not in RING_KEY_MEANING
+    ]
     if missing:
         raise SystemExit(f"cli_keys.py: ring-rule keys without a meaning in RING_KEY_MEANING: {missing}")
     rules = {name: RING_RULES.build(name, {}, n_clients=100) for name, cls in RING_RULES.items() if name in RULE_KEYS}
@@ -261,15 +280,24 @@ def t_attacks() -> str:
 def t_schedules() -> str:
     from fedring.train.schedules import SCHEDULES
 
-    rows = [[f"`{name}`", f"`[{name}]`" if name != "constant" else "—", params_cell(cls, ()),
-             first_line(cls) if name != "constant" else "`lr_t = lr`"] for name, cls in SCHEDULES.items()]
+    rows = [
+        [
+            f"`{name}`",
+            f"`[{name}]`" if name != "constant" else "—",
+            params_cell(cls, ()),
+            first_line(cls) if name != "constant" else "`lr_t = lr`",
+        ]
+        for name, cls in SCHEDULES.items()
+    ]
     return table(["`lr_schedule`", "section", "keys (default)", "step size of round t (0-based)"], rows)
 
 
 def t_server_optimizers() -> str:
     from fedring.train.optim import SERVER_OPTIMIZERS
 
-    rows = [[f"`{name}`", f"`[{name}]`", params_cell(cls, ()), first_line(cls)] for name, cls in SERVER_OPTIMIZERS.items()]
+    rows = [
+        [f"`{name}`", f"`[{name}]`", params_cell(cls, ()), first_line(cls)] for name, cls in SERVER_OPTIMIZERS.items()
+    ]
     return table(["`server_optimizer`", "section", "keys (default; `lr` unset: the run's `lr`)", "update"], rows)
 
 
@@ -296,9 +324,18 @@ def t_prism() -> str:
 def t_prism_profiles() -> str:
     from fedring.conformal.prism.settings import DATASET_DEFAULTS, PROFILES
 
-    rows = [[f"`{name}`", code(p["step"]), code(p["byz_persist"]), code(p["local_updates"]),
-             ", ".join(f"`{a}.{k}` = {code(v).strip('`')}" for a, kv in p["calib_attacks"].items() for k, v in kv.items())]
-            for name, p in PROFILES.items()]
+    rows = [
+        [
+            f"`{name}`",
+            code(p["step"]),
+            code(p["byz_persist"]),
+            code(p["local_updates"]),
+            ", ".join(
+                f"`{a}.{k}` = {code(v).strip('`')}" for a, kv in p["calib_attacks"].items() for k, v in kv.items()
+            ),
+        ]
+        for name, p in PROFILES.items()
+    ]
     profiles = table(["`profile`", "`step`", "`byz_persist`", "`local_updates`", "calibration attack defaults"], rows)
     keys = list(next(iter(DATASET_DEFAULTS.values())))
     rows = [[f"`{name}`", *(code(d[k]) for k in keys)] for name, d in DATASET_DEFAULTS.items()]
@@ -314,8 +351,11 @@ def t_calib_attacks() -> str:
         keys = params_cell(cls, ())
         for k in sorted({k for p in PROFILES.values() for k in p["calib_attacks"].get(name, {})}):
             every = all(k in p["calib_attacks"].get(name, {}) for p in PROFILES.values())
-            keys = re.sub(rf"`{k}` \([^)]*\)", f"`{k}` (the profile's, below)", keys) if every else \
-                keys + f"; unset `{k}`: the profile's if it sets one (below)"
+            keys = (
+                re.sub(rf"`{k}` \([^)]*\)", f"`{k}` (the profile's, below)", keys)
+                if every
+                else keys + f"; unset `{k}`: the profile's if it sets one (below)"
+            )
         rows.append([f"`{name}`", f"`[{name}]`", keys, first_line(cls)])
     return table(["`calib_attack`", "section", "keys (default)", "what each Byzantine client reports"], rows)
 
@@ -335,8 +375,15 @@ def t_sweep() -> str:
             raise SystemExit(f"cli_keys.py: [sweep] key {f.name!r} has no meaning in SWEEP_MEANING")
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         opt = "--" + f.name.replace("_", "-")
-        rows.append([f"`{f.name}`", f"`{opt}`" if f.name != "sbatch" else "—", f"`{f.type}`", code(default),
-                     SWEEP_MEANING[f.name]])
+        rows.append(
+            [
+                f"`{f.name}`",
+                f"`{opt}`" if f.name != "sbatch" else "—",
+                f"`{f.type}`",
+                code(default),
+                SWEEP_MEANING[f.name],
+            ]
+        )
     return table(["`[sweep]` key", "option", "type", "default", "meaning"], rows)
 
 
@@ -355,9 +402,11 @@ def t_headline() -> str:
         rows.append([name, f"`{' '.join(args)}`", f"`{out}`", meaning])
     window = getattr(cli_run, "HEADLINE_WINDOW", None)
     printed = f" The accuracy printed is the mean of the last {window} evaluations." if window else ""
-    return (f"Every run: `{common} --clients max(ranks, 5)`; the BRACE runs add "
-            f"`--set brace.lambda=0.05*clients`.{printed}\n\n"
-            + table(["run", "options", "results file", "what it shows"], rows))
+    return (
+        f"Every run: `{common} --clients max(ranks, 5)`; the BRACE runs add "
+        f"`--set brace.lambda=0.05*clients`.{printed}\n\n"
+        + table(["run", "options", "results file", "what it shows"], rows)
+    )
 
 
 TABLES = {
@@ -377,7 +426,9 @@ TABLES = {
     "sweep": t_sweep,
 }
 
-BLOCK = re.compile(r"(<!-- BEGIN cli_keys.py (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END cli_keys.py (?P=name) -->)", re.DOTALL)
+BLOCK = re.compile(
+    r"(<!-- BEGIN cli_keys.py (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END cli_keys.py (?P=name) -->)", re.DOTALL
+)
 
 
 def page_blocks(text: str) -> dict[str, str]:
@@ -412,13 +463,22 @@ def check_example(toml_text: str) -> str | None:
 
                 make_attack(cfg.attack, cfg.section("attack"), n_clients=cfg.clients)
                 if cfg.topology == "ring":
-                    RING_RULES.build(cfg.aggregator, cfg.section(cfg.aggregator), key="aggregator",
-                                     n_clients=cfg.clients, seed=cfg.seed)
+                    RING_RULES.build(
+                        cfg.aggregator,
+                        cfg.section(cfg.aggregator),
+                        key="aggregator",
+                        n_clients=cfg.clients,
+                        seed=cfg.seed,
+                    )
                 else:
-                    params = {**cfg.section(cfg.aggregator), **{k: v for k, v in cfg.sections.items()
-                                                               if k in PRE_AGGREGATORS or k in AGGREGATORS}}
+                    params = {
+                        **cfg.section(cfg.aggregator),
+                        **{k: v for k, v in cfg.sections.items() if k in PRE_AGGREGATORS or k in AGGREGATORS},
+                    }
                     params.pop(cfg.aggregator, None)
-                    reason = make_aggregator(cfg.aggregator, defence_f(cfg), params, cfg.pre_aggregators).check(cfg.clients)
+                    reason = make_aggregator(cfg.aggregator, defence_f(cfg), params, cfg.pre_aggregators).check(
+                        cfg.clients
+                    )
                     if reason:
                         return reason
         except ConfigError as e:
@@ -457,10 +517,13 @@ def main(argv: list[str]) -> int:
                 print(f"docs/cli.md: example {first!r}: {why}")
             print(f"docs/cli.md: {len(blocks)} generated tables, {len(examples)} example files checked")
             return 1 if stale or absent or bad else 0
-        new = BLOCK.sub(lambda m: m.group(1) + (TABLES[m["name"]]() + "\n" if m["name"] in names else m["body"])
-                        + m.group(4), text)
+        new = BLOCK.sub(
+            lambda m: m.group(1) + (TABLES[m["name"]]() + "\n" if m["name"] in names else m["body"]) + m.group(4), text
+        )
         PAGE.write_text(new)
-        print(f"docs/cli.md: {len(stale)} table(s) rewritten" + (f"; no block for {', '.join(absent)}" if absent else ""))
+        print(
+            f"docs/cli.md: {len(stale)} table(s) rewritten" + (f"; no block for {', '.join(absent)}" if absent else "")
+        )
         return 0
     for name in names:
         print(f"<!-- {name} -->\n{TABLES[name]()}\n")

@@ -122,7 +122,7 @@ def split_key(key: str) -> tuple[str, str]:
     """
     colon = key.find(":")
     dot = key.find(".", colon + 1) if colon >= 0 else key.find(".")
-    return (key[:dot], key[dot + 1:]) if dot >= 0 else (key, "")
+    return (key[:dot], key[dot + 1 :]) if dot >= 0 else (key, "")
 
 
 def merge(cfg: Config, items: dict[str, Any], origin: str) -> Config:
@@ -136,8 +136,11 @@ def merge(cfg: Config, items: dict[str, Any], origin: str) -> Config:
         elif key in FIELDS:
             setattr(cfg, key, coerce(key, FIELDS[key].type, value))
         else:
-            raise ConfigError(key, f"unknown setting (from {origin}); {check.suggestion(key, FIELDS)}"
-                                   f"allowed: {', '.join(FIELDS)}, or section.key")
+            raise ConfigError(
+                key,
+                f"unknown setting (from {origin}); {check.suggestion(key, FIELDS)}"
+                f"allowed: {', '.join(FIELDS)}, or section.key",
+            )
     return cfg
 
 
@@ -184,7 +187,7 @@ def section_settings(schema: type, name: str, values: dict[str, Any]):
 
 def byzantine_count(cfg: Config) -> int:
     """Actual number of Byzantine clients: a fraction of ``clients`` (rounded) or a count."""
-    return int(round(cfg.byzantine * cfg.clients)) if cfg.byzantine < 1 else int(cfg.byzantine)
+    return round(cfg.byzantine * cfg.clients) if cfg.byzantine < 1 else int(cfg.byzantine)
 
 
 def defence_f(cfg: Config) -> int:
@@ -199,8 +202,11 @@ def canonical(settings: Config | dict) -> dict[str, Any]:
     a setting existed stays valid. The sweep hashes it; ``--resume`` compares it."""
     values = dataclasses.asdict(settings) if isinstance(settings, Config) else settings
     defaults = dataclasses.asdict(DEFAULTS)
-    out = {key: value for key, value in values.items()
-           if key not in RUN_CONTROL and key != "sections" and value != defaults.get(key)}
+    out = {
+        key: value
+        for key, value in values.items()
+        if key not in RUN_CONTROL and key != "sections" and value != defaults.get(key)
+    }
     sections = {name: table for name, table in sorted((values.get("sections") or {}).items()) if table}
     if sections:
         out["sections"] = sections
@@ -211,5 +217,8 @@ def config_differences(stored: dict, current: dict) -> list[str]:
     """``key: stored -> current`` for every setting in which the :func:`canonical` forms differ."""
     a, b = canonical(stored), canonical(current)
     defaults = {**dataclasses.asdict(DEFAULTS), "sections": {}}
-    return [f"{key}: {a.get(key, defaults.get(key))!r} -> {b.get(key, defaults.get(key))!r}"
-            for key in sorted(set(a) | set(b)) if a.get(key, defaults.get(key)) != b.get(key, defaults.get(key))]
+    return [
+        f"{key}: {a.get(key, defaults.get(key))!r} -> {b.get(key, defaults.get(key))!r}"
+        for key in sorted(set(a) | set(b))
+        if a.get(key, defaults.get(key)) != b.get(key, defaults.get(key))
+    ]

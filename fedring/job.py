@@ -83,8 +83,9 @@ class Recorder:
         self.results, self.progress, self.quiet = results, progress, quiet
 
     @classmethod
-    def open(cls, job: Job, cfg: Config, world_size: int, done: int, progress: Progress,
-             first: tuple[dict, dict] | None) -> Recorder:
+    def open(
+        cls, job: Job, cfg: Config, world_size: int, done: int, progress: Progress, first: tuple[dict, dict] | None
+    ) -> Recorder:
         """A new results file with its header and ``first``, the checkpoint of step 0, or the
         resumed one cut at ``done``."""
         if cfg.resume:
@@ -125,8 +126,10 @@ class Recorder:
 
     def summarize(self, group: str, summary: Callable[[dict[str, np.ndarray]], str]) -> None:
         """Print ``summary`` of every dataset of ``/group`` as stored (a resumed run prints the same)."""
-        print(summary({name: ds[()] for name, ds in self.results.h5[group].items() if isinstance(ds, h5py.Dataset)}),
-              flush=True)
+        print(
+            summary({name: ds[()] for name, ds in self.results.h5[group].items() if isinstance(ds, h5py.Dataset)}),
+            flush=True,
+        )
 
     def say(self, text: str, always: bool = False) -> None:
         """A message on stdout (unless quiet, or ``always``)."""
@@ -186,7 +189,9 @@ class Driver:
     def run(self, watchdog: Watchdog) -> int:
         """Collective: run the job to its end or a stop signal; rank 0 writes ``cfg.out``. Returns the exit code."""
         job, cfg, comm, done = self.job, self.cfg, self.comm, self.done
-        progress = Progress(job.unit, job.total, cfg.quiet or comm.rank != 0, self.stored.get("wall_seconds", 0.0), done)
+        progress = Progress(
+            job.unit, job.total, cfg.quiet or comm.rank != 0, self.stored.get("wall_seconds", 0.0), done
+        )
         first = None if cfg.resume else job.checkpoint()  # collective
         recorder = Recorder.open(job, cfg, comm.size, done, progress, first) if comm.rank == 0 else NullRecorder()
         watchdog.on_abort.append(recorder.close)
@@ -197,8 +202,9 @@ class Driver:
                 recorder.checkpoint(done, *job.checkpoint())
             if stopping:
                 recorder.close(FileStatus.PREEMPTED)
-                recorder.say(f"stopped by signal after {job.unit} {done}; resume with --resume (results: {cfg.out})",
-                             always=True)
+                recorder.say(
+                    f"stopped by signal after {job.unit} {done}; resume with --resume (results: {cfg.out})", always=True
+                )
                 return EXIT_PREEMPTED
         job.finish(recorder)
         recorder.close(FileStatus.COMPLETE)

@@ -38,9 +38,9 @@ _entry_points_loaded = False
 def import_module(module: str, key: str = "plugins") -> ModuleType:
     """Import ``module``; any failure is a ConfigError for ``key`` naming the module and the reason.
 
-    >>> import_module("fedring_no_such_module")
+    >>> import_module("fedring_no_such_module")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    fedring.errors.ConfigError: plugins: plugin module 'fedring_no_such_module' not found on this rank's sys.path (install it, add its folder to PYTHONPATH, or run from the folder that holds it; docs/tutorial.md)
+    fedring.errors.ConfigError: plugins: plugin module 'fedring_no_such_module' not found on this rank's sys.path (install it, ...
     """
     if not isinstance(module, str) or not module or not all(part.isidentifier() for part in module.split(".")):
         raise ConfigError(key, f"{module!r} is not a module name (package.module)")
@@ -48,10 +48,13 @@ def import_module(module: str, key: str = "plugins") -> ModuleType:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
-            raise ConfigError(key, f"plugin module {module!r} not found on this rank's sys.path (install it, add its "
-                                   "folder to PYTHONPATH, or run from the folder that holds it; docs/tutorial.md)") from None
+            raise ConfigError(
+                key,
+                f"plugin module {module!r} not found on this rank's sys.path (install it, add its "
+                "folder to PYTHONPATH, or run from the folder that holds it; docs/tutorial.md)",
+            ) from None
         raise ConfigError(key, f"plugin module {module!r} raised on import: ModuleNotFoundError: {e}") from None
-    except (Exception, SystemExit) as e:  # noqa: BLE001  (whatever the user's module raises is reported)
+    except (Exception, SystemExit) as e:
         raise ConfigError(key, f"plugin module {module!r} raised on import: {type(e).__name__}: {e}") from None
 
 
@@ -70,8 +73,10 @@ def load_entry_points() -> None:
         where = f"entry point {ep.name} = {ep.value} of {ep.dist.name if ep.dist else 'an installed package'}"
         try:
             ep.load()
-        except (Exception, SystemExit) as e:  # noqa: BLE001
-            raise ConfigError("plugins", f"{where} ({ENTRY_POINT_GROUP}) failed to load: {type(e).__name__}: {e}") from None
+        except (Exception, SystemExit) as e:
+            raise ConfigError(
+                "plugins", f"{where} ({ENTRY_POINT_GROUP}) failed to load: {type(e).__name__}: {e}"
+            ) from None
     _entry_points_loaded = True
 
 

@@ -68,8 +68,9 @@ class Registry:
             raise TypeError(f"{cls.__qualname__} is not one of fedring's {self.kind}s: it must subclass {names}")
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name or ":" in name:
-            raise TypeError(f"{cls.__qualname__} needs a class attribute name, a non-empty string without ':' "
-                            f"(got {name!r})")
+            raise TypeError(
+                f"{cls.__qualname__} needs a class attribute name, a non-empty string without ':' (got {name!r})"
+            )
         missing = [attr for attr in self.requires if not hasattr(cls, attr)]
         if missing:
             raise TypeError(f"{cls.__qualname__} needs the class attribute(s) {', '.join(missing)} of a {self.kind}")
@@ -137,11 +138,15 @@ class Registry:
         if isinstance(declared, tuple):
             return list(declared)
         signature = inspect.signature(cls).parameters
-        return [name for name, param in signature.items()
-                if name not in context and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)]
+        return [
+            name
+            for name, param in signature.items()
+            if name not in context and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
+        ]
 
-    def build(self, name: Any, params: dict | None = None, *, key: str | None = None, prefix: str | None = None,
-              **context):
+    def build(
+        self, name: Any, params: dict | None = None, *, key: str | None = None, prefix: str | None = None, **context
+    ):
         """``cls(**context, **params)`` for the class named ``name``.
 
         ``params`` are the user's settings of the component; an unknown one raises ConfigError

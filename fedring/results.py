@@ -17,9 +17,10 @@ round. Before each write the file system must have room for it plus a reserve (s
 ``status`` can always be written); without room the write is refused with a
 :class:`ResultsError` and the file keeps every earlier round. A write that fails anyway leaves
 the file as of its last flush: it is never flushed again, since HDF5 would then record space
-it could not write and the whole file would become unreadable. A checkpoint is written into the slot that is not current, flushed, and only then
-made current: a job killed while checkpointing leaves the previous checkpoint intact. A new file is first written as ``<out>.part`` and renamed once it has a valid
-header, so a failed start never leaves a half-written file under the final name. The file
+it could not write and the whole file would become unreadable. A checkpoint is written into
+the slot that is not current, flushed, and only then made current: a job killed while
+checkpointing leaves the previous checkpoint intact. A new file is first written as
+``<out>.part`` and renamed once it has a valid header, so a failed start never leaves a half-written file under the final name. The file
 keeps HDF5's default (oldest compatible) format on purpose: the newer superblock marks a
 file "open for write" until a clean close, and a killed job's file would then refuse to
 open without ``h5clear``.
@@ -63,8 +64,10 @@ def read_checkpoint(h5: h5py.File, skip: tuple[str, ...] = ()) -> tuple[dict[str
     if root is None or "current" not in root.attrs:
         return None
     slot = root[root.attrs["current"]]
-    return ({name: ds[()] for name, ds in slot.items() if not name.startswith(skip)},
-            {k: v.item() for k, v in slot.attrs.items()})
+    return (
+        {name: ds[()] for name, ds in slot.items() if not name.startswith(skip)},
+        {k: v.item() for k, v in slot.attrs.items()},
+    )
 
 
 def resume_point(cfg, skip: tuple[str, ...] = ()) -> tuple[dict[str, np.ndarray], dict]:
@@ -86,8 +89,11 @@ def resume_point(cfg, skip: tuple[str, ...] = ()) -> tuple[dict[str, np.ndarray]
     except ConfigError:
         raise
     except (OSError, KeyError, ValueError) as e:
-        raise ConfigError("resume", f"{cfg.out} is not a readable fedring results file ({type(e).__name__}: {e}); "
-                          "it is left as it is: remove it, or start afresh with --overwrite") from None
+        raise ConfigError(
+            "resume",
+            f"{cfg.out} is not a readable fedring results file ({type(e).__name__}: {e}); "
+            "it is left as it is: remove it, or start afresh with --overwrite",
+        ) from None
     if found is None:
         raise ConfigError("resume", f"{cfg.out} has no checkpoint: start it again with --overwrite")
     return found
@@ -97,7 +103,7 @@ class ResultsFile:
     """Appendable per-round results; open only on rank 0."""
 
     @classmethod
-    def reopen(cls, path: str, rounds_completed: int) -> "ResultsFile":
+    def reopen(cls, path: str, rounds_completed: int) -> ResultsFile:
         """Open an existing run to resume it after ``rounds_completed`` rounds.
 
         Entries of later rounds (written after the checkpoint) are cut off, so the resumed
@@ -124,7 +130,7 @@ class ResultsFile:
         return self
 
     @classmethod
-    def create(cls, cfg, world_size: int, attrs: dict | None = None) -> "ResultsFile":
+    def create(cls, cfg, world_size: int, attrs: dict | None = None) -> ResultsFile:
         """A new results file for run ``cfg`` (a :class:`fedring.config.Config`), with the root
         attributes every task writes (``config``, ``task``, ``world_size``) and ``attrs``."""
         root = {"config": cfg.to_json(), "task": cfg.task, "world_size": world_size, **(attrs or {})}
@@ -162,19 +168,25 @@ class ResultsFile:
             raise ResultsError(
                 f"{self.path} cannot grow: {free / 2**20:.1f} MiB left for it, the next write needs "
                 f"{(nbytes + SLACK) / 2**20:.1f} MiB plus {RESERVE >> 20} MiB in reserve; the file keeps every "
-                "round so far; make room, then --resume continues from its last checkpoint")
+                "round so far; make room, then --resume continues from its last checkpoint"
+            )
         try:
             yield
         except OSError as e:
             self.broken = True
-            raise ResultsError(f"{self.path} could not be written ({e.strerror or e}); it keeps every round up to "
-                               "the last one written; make room, then --resume continues from its last checkpoint") from e
+            raise ResultsError(
+                f"{self.path} could not be written ({e.strerror or e}); it keeps every round up to "
+                "the last one written; make room, then --resume continues from its last checkpoint"
+            ) from e
 
     def _append(self, name: str, value, dtype=None) -> None:
         value = np.asarray(value, dtype=dtype)
         if name not in self.h5:
             self.h5.create_dataset(
-                name, shape=(0, *value.shape), maxshape=(None, *value.shape), dtype=value.dtype,
+                name,
+                shape=(0, *value.shape),
+                maxshape=(None, *value.shape),
+                dtype=value.dtype,
                 chunks=(max(1, 4096 // max(1, value.size)), *value.shape),
             )
         ds = self.h5[name]
@@ -199,7 +211,9 @@ class ResultsFile:
         An array may also be an object with ``shape``, ``dtype``, ``nbytes`` and ``write_into(dataset)``
         (:class:`fedring.train.state.CheckpointRows`: every client's rows, written one rank's block at a time).
         """
-        with self._writing(sum(v.nbytes if hasattr(v, "write_into") else np.asarray(v).nbytes for v in arrays.values())):
+        with self._writing(
+            sum(v.nbytes if hasattr(v, "write_into") else np.asarray(v).nbytes for v in arrays.values())
+        ):
             self._write_checkpoint(arrays, attrs)
 
     def _write_checkpoint(self, arrays: dict[str, np.ndarray], attrs: dict) -> None:

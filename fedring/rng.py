@@ -66,8 +66,9 @@ class Stream(IntEnum):
     LS_SPLIT = 0x1508  # the calibration/test split of a logits set (run-wide)
 
 
-def generator(seed: int, stream: Stream, *, client: int | None = None, step: int | None = None,
-              extra: tuple[int, ...] = ()) -> np.random.Generator:
+def generator(
+    seed: int, stream: Stream, *, client: int | None = None, step: int | None = None, extra: tuple[int, ...] = ()
+) -> np.random.Generator:
     """The generator of one purpose's draws (module docstring for the key layout)."""
     if client is None:
         key = [seed, int(stream), *([] if step is None else [step]), *extra]

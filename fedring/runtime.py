@@ -85,10 +85,10 @@ class Watchdog:
     the job is aborted. ``grace`` is the job's ``stop_grace`` setting.
     """
 
-    _instance: "Watchdog | None" = None
+    _instance: Watchdog | None = None
 
     @classmethod
-    def start(cls) -> "Watchdog":
+    def start(cls) -> Watchdog:
         """The process's watchdog, installed on first use (signal handlers are per process)."""
         if cls._instance is None:
             cls._instance = cls()
@@ -131,8 +131,12 @@ class Watchdog:
         self._deadline = now + self.grace + margin
         if self.comm.rank == 0:
             name = signal.Signals(signum).name
-            print(f"fedring: {name}: stopping after the current round (aborting if that takes more than "
-                  f"{self.grace:g} s; a second signal aborts at once)", file=sys.stderr, flush=True)
+            print(
+                f"fedring: {name}: stopping after the current round (aborting if that takes more than "
+                f"{self.grace:g} s; a second signal aborts at once)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     # ---- the watchdog thread ---------------------------------------------------------
 
@@ -148,9 +152,11 @@ class Watchdog:
                 self.comm.recv(source=status.Get_source(), tag=_ERROR_TAG)
                 self._abort(FileStatus.FAILED, 1)
             if self._running and self._deadline is not None and time.monotonic() >= self._deadline:
-                sys.stderr.write(f"fedring: rank {self.comm.rank}: the job did not stop cleanly after "
-                                 f"{signal.Signals(self.signal).name}; aborting it (results file: preempted, "
-                                 "resume from its last checkpoint)\n")
+                sys.stderr.write(
+                    f"fedring: rank {self.comm.rank}: the job did not stop cleanly after "
+                    f"{signal.Signals(self.signal).name}; aborting it (results file: preempted, "
+                    "resume from its last checkpoint)\n"
+                )
                 self._abort(FileStatus.PREEMPTED, EXIT_PREEMPTED)
 
     def _abort(self, status: FileStatus, code: int) -> None:
@@ -200,7 +206,7 @@ class Watchdog:
             return fn()
         except SystemExit:
             raise
-        except BaseException as exc:  # noqa: BLE001 - includes KeyboardInterrupt on purpose
+        except BaseException as exc:
             self.fail(exc)
             raise  # unreachable: fail() aborts
         finally:
@@ -234,8 +240,10 @@ class Progress:
             return
         self.lines += 1
         per_step = (time.perf_counter() - self.first_time) / max(done - self.first, 1)
-        text = (f"{self.unit} {done:>{len(str(self.total))}}/{self.total}  {what}  elapsed {_hms(self.elapsed())}  "
-                f"ETA {_hms(per_step * (self.total - done))}")
+        text = (
+            f"{self.unit} {done:>{len(str(self.total))}}/{self.total}  {what}  elapsed {_hms(self.elapsed())}  "
+            f"ETA {_hms(per_step * (self.total - done))}"
+        )
         if self.tty:  # up to the previous progress line, clear it, write this one there
             width = shutil.get_terminal_size().columns - 1
             print(("\x1b[F\x1b[K" if self.lines > 1 else "") + text[:width], flush=True)
@@ -244,6 +252,6 @@ class Progress:
 
 
 def _hms(seconds: float) -> str:
-    m, s = divmod(int(round(seconds)), 60)
+    m, s = divmod(round(seconds), 60)
     h, m = divmod(m, 60)
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"

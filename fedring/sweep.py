@@ -162,8 +162,9 @@ def expand(table: dict[str, Any]) -> list[dict[str, Any]]:
         if _is_group_axis(value):
             groups.append([combo for group in value for combo in expand(group)])
         elif isinstance(value, dict) and key in FIELDS:
-            raise ConfigError(key, f"is a setting, not a section: give its parameters as quoted keys, "
-                              f'e.g. "{key}.name" = value')
+            raise ConfigError(
+                key, f'is a setting, not a section: give its parameters as quoted keys, e.g. "{key}.name" = value'
+            )
         elif isinstance(value, dict):
             plain.extend((f"{key}.{name}", _axis(f"{key}.{name}", v)) for name, v in value.items())
         else:
@@ -224,8 +225,13 @@ class Sweep:
     def varying(self) -> list[str]:
         """Settings that differ between configs: fedring's order, then section keys."""
         rows = [canonical(c) for c in self.configs]
-        flat = [{**{k: v for k, v in r.items() if k != "sections"},
-                 **{f"{s}.{k}": v for s, t in r.get("sections", {}).items() for k, v in t.items()}} for r in rows]
+        flat = [
+            {
+                **{k: v for k, v in r.items() if k != "sections"},
+                **{f"{s}.{k}": v for s, t in r.get("sections", {}).items() for k, v in t.items()},
+            }
+            for r in rows
+        ]
         seen = {k for r in flat for k in r}
         keys = [k for k in FIELDS if k in seen] + sorted(seen - FIELDS.keys())
         return [k for k in keys if len({json.dumps(r.get(k), sort_keys=True) for r in flat}) > 1]
@@ -306,7 +312,12 @@ def config_toml(cfg: Config) -> str:
     lines = [f"# fedring config {config_hash(cfg)}"]
     lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in settings.items()]
     # A section named like a setting (attack = "x" and attack.sigma) cannot be a TOML table.
-    lines += [f"{_toml_key(f'{name}.{k}')} = {_toml_value(v)}" for name, t in sections.items() if name in FIELDS for k, v in t.items()]
+    lines += [
+        f"{_toml_key(f'{name}.{k}')} = {_toml_value(v)}"
+        for name, t in sections.items()
+        if name in FIELDS
+        for k, v in t.items()
+    ]
     for name, table in sections.items():
         if name not in FIELDS:
             lines += ["", f"[{_toml_key(name)}]"]
@@ -395,11 +406,15 @@ def tasks_file(sweep: Sweep, pending: list[int], write: bool = False) -> Path:
 def sbatch_command(sweep: Sweep, tasks: Path, n_tasks: int, jobs_dir: Path) -> list[str]:
     s = sweep.settings
     array = f"0-{n_tasks - 1}" + (f"%{s.max_parallel}" if s.max_parallel else "")
-    cmd = ["sbatch", "--parsable", f"--array={array}", f"--ntasks={s.ranks}",
-           f"--job-name=fedring-{sweep.grid.stem}", f"--output={(sweep.out_dir / 'logs').resolve()}/%A_%a.out"]
+    cmd = [
+        "sbatch",
+        "--parsable",
+        f"--array={array}",
+        f"--ntasks={s.ranks}",
+        f"--job-name=fedring-{sweep.grid.stem}",
+        f"--output={(sweep.out_dir / 'logs').resolve()}/%A_%a.out",
+    ]
     if s.time:
         cmd.append(f"--time={s.time}")
     cmd += s.sbatch
     return [*cmd, str(jobs_dir / "sweep.sbatch"), str(tasks.resolve()), str(jobs_dir / "run.sbatch")]
-
-

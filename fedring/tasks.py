@@ -73,8 +73,11 @@ def validate(cfg: Config, world_size: int) -> Task:
     if cfg.task != "train":
         for key in FIELDS:
             if key not in GENERAL and getattr(cfg, key) != getattr(DEFAULTS, key):
-                raise ConfigError(key, f"a training setting: task {cfg.task} takes its settings in the section "
-                                       f"[{cfg.task}] (python -m fedring conformal {cfg.task} --help lists them)")
+                raise ConfigError(
+                    key,
+                    f"a training setting: task {cfg.task} takes its settings in the section "
+                    f"[{cfg.task}] (python -m fedring conformal {cfg.task} --help lists them)",
+                )
     task = TASKS.get(cfg.task, "task")(cfg, world_size)
     if cfg.out is None:
         cfg.out = task.default_out()
@@ -83,7 +86,9 @@ def validate(cfg: Config, world_size: int) -> Task:
     if cfg.resume and not Path(cfg.out).exists():
         raise ConfigError("resume", f"nothing to resume: {cfg.out} does not exist")
     if Path(cfg.out).exists() and not (cfg.overwrite or cfg.resume):
-        raise ConfigError("out", f"{cfg.out} exists; pass --overwrite to replace it, --resume to continue it, or choose another --out")
+        raise ConfigError(
+            "out", f"{cfg.out} exists; pass --overwrite to replace it, --resume to continue it, or choose another --out"
+        )
     return task
 
 

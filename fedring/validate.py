@@ -74,8 +74,9 @@ def integer(key: str, value: Any, lo: int | None = None, hi: int | None = None) 
     return _within(key, int(value), lo, hi, False, False)
 
 
-def real(key: str, value: Any, lo: float | None = None, hi: float | None = None,
-         lo_open: bool = False, hi_open: bool = False) -> float:
+def real(
+    key: str, value: Any, lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False
+) -> float:
     """A finite number within the bounds (open where asked)."""
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
         raise ConfigError(key, f"must be a finite number, got {shown(value)}")
@@ -86,8 +87,9 @@ def choice(key: str, value: Any, allowed: Iterable) -> Any:
     """One of ``allowed``; a near miss gets a suggestion."""
     allowed = tuple(allowed)
     if value not in allowed:
-        raise ConfigError(key, f"{shown(value)} is not allowed; {suggestion(value, allowed)}"
-                               f"allowed: {', '.join(map(str, allowed))}")
+        raise ConfigError(
+            key, f"{shown(value)} is not allowed; {suggestion(value, allowed)}allowed: {', '.join(map(str, allowed))}"
+        )
     return value
 
 
@@ -115,8 +117,9 @@ def names(key: str, value: Any) -> list[str]:
 def unknown(key: str, what: str, name: Any, allowed: Iterable[str], hint: str = "") -> ConfigError:
     """The error for a name that is not registered: ``unknown aggregator 'krumm'; did you mean 'krum'...``."""
     allowed = list(allowed)
-    return ConfigError(key, f"unknown {what} {shown(name)}; {suggestion(name, allowed)}{hint}"
-                            f"allowed: {', '.join(allowed) or '(none)'}")
+    return ConfigError(
+        key, f"unknown {what} {shown(name)}; {suggestion(name, allowed)}{hint}allowed: {', '.join(allowed) or '(none)'}"
+    )
 
 
 #: The top-level settings (filled by :mod:`fedring.config`, which imports this module): a
@@ -129,19 +132,31 @@ def known_keys(prefix: str, what: str, params: dict, allowed: Iterable[str]) -> 
     allowed = list(allowed)
     for key in params:
         if key not in allowed:
-            toml = (f"{key} is a top-level setting: in a TOML file, put it above the first [section] (TOML reads "
-                    f"every key after [{prefix}] into that section); ") if key in TOP_LEVEL_KEYS else ""
-            raise ConfigError(f"{prefix}.{key}", f"unknown parameter of {what}; {toml}{suggestion(key, allowed)}"
-                                                 f"allowed: {', '.join(allowed) or '(none)'}")
+            toml = (
+                (
+                    f"{key} is a top-level setting: in a TOML file, put it above the first [section] (TOML reads "
+                    f"every key after [{prefix}] into that section); "
+                )
+                if key in TOP_LEVEL_KEYS
+                else ""
+            )
+            raise ConfigError(
+                f"{prefix}.{key}",
+                f"unknown parameter of {what}; {toml}{suggestion(key, allowed)}"
+                f"allowed: {', '.join(allowed) or '(none)'}",
+            )
 
 
 def fills_ranks(key: str, clients: int, ranks: int) -> None:
     """Every MPI rank hosts a block of at least one client: ``clients >= ranks`` (K >= N).
 
-    >>> fills_ranks("clients", 2, 4)
+    >>> fills_ranks("clients", 2, 4)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    fedring.errors.ConfigError: clients: 2 clients on 4 MPI ranks: need clients >= ranks (K >= N), each rank hosts a block of at least one client
+    fedring.errors.ConfigError: clients: 2 clients on 4 MPI ranks: need clients >= ranks (K >= N), each rank hosts ...
     """
     if clients < ranks:
-        raise ConfigError(key, f"{clients} clients on {ranks} MPI ranks: need clients >= ranks (K >= N), each rank "
-                               "hosts a block of at least one client")
+        raise ConfigError(
+            key,
+            f"{clients} clients on {ranks} MPI ranks: need clients >= ranks (K >= N), each rank "
+            "hosts a block of at least one client",
+        )

@@ -41,7 +41,9 @@ def pytest_terminal_summary(terminalreporter):
         return
     terminalreporter.section("process launches")
     for test in sorted({t for t, _ in LAUNCHES}):
-        terminalreporter.write_line(f"{LAUNCHES[test, 'mpiexec']:4d} mpiexec {LAUNCHES[test, 'other']:4d} other  {test}")
+        terminalreporter.write_line(
+            f"{LAUNCHES[test, 'mpiexec']:4d} mpiexec {LAUNCHES[test, 'other']:4d} other  {test}"
+        )
     total = {kind: sum(n for (_, k), n in LAUNCHES.items() if k == kind) for kind in ("mpiexec", "other")}
     terminalreporter.write_line(f"{total['mpiexec']:4d} mpiexec {total['other']:4d} other  in all")
 
@@ -78,8 +80,9 @@ json.dump(codes, open(sys.argv[1] + ".codes", "w"))
 """
 
 
-def fedring_many(ranks: int, runs: dict[str, list[str]], workdir: Path,
-                 timeout: float = 600) -> tuple[dict[str, int], subprocess.CompletedProcess]:
+def fedring_many(
+    ranks: int, runs: dict[str, list[str]], workdir: Path, timeout: float = 600
+) -> tuple[dict[str, int], subprocess.CompletedProcess]:
     """Run several fedring command lines one after the other in one ``mpiexec -n ranks`` job
     (its start-up paid once): each one's exit code by name, and the job (its output)."""
     (workdir / "many.py").write_text(MANY)

@@ -144,7 +144,9 @@ def test_geomed_byzfl_vector_and_median_of_scalars():
     v = vec("geomed", BYZFL, iters=3, tol=0, nu=0.1, init="zero")
     np.testing.assert_allclose(v, [3.78788764, 4.78788764, 5.78788764], rtol=1e-8)
     # in one dimension the geometric median is the median
-    np.testing.assert_allclose(vec("geomed", np.array([[0.0], [1], [10]]), iters=500, tol=1e-12, nu=1e-12), [1.0], atol=1e-6)
+    np.testing.assert_allclose(
+        vec("geomed", np.array([[0.0], [1], [10]]), iters=500, tol=1e-12, nu=1e-12), [1.0], atol=1e-6
+    )
     # square corners: the centre, reached at once from the mean
     np.testing.assert_allclose(vec("geomed", np.array([[0.0, 0], [2, 0], [0, 2], [2, 2]])), [1, 1])
 
@@ -161,13 +163,17 @@ def test_geomed_weiszfeld_optimality_condition():
 def test_huber():
     np.testing.assert_allclose(vec("huber", BYZFL, tau=100.0), [4, 5, 6], rtol=1e-12)
     # scalars 0, 1, 10 with tau = 1: psi(v) + psi(v - 1) + psi(v - 10) = v + (v - 1) - 1 = 0 at v = 1
-    np.testing.assert_allclose(vec("huber", np.array([[0.0], [1], [10]]), tau=1.0, iters=1000, tol=1e-13), [1.0], atol=1e-9)
+    np.testing.assert_allclose(
+        vec("huber", np.array([[0.0], [1], [10]]), tau=1.0, iters=1000, tol=1e-13), [1.0], atol=1e-9
+    )
 
 
 def test_mca():
     np.testing.assert_allclose(vec("mca", BYZFL, sigma=1e6), [4, 5, 6], rtol=1e-9)
     # sigma = 1: the outlier at 10 has weight exp(-45) -> the centre of 0 and 1
-    np.testing.assert_allclose(vec("mca", np.array([[0.0], [1], [10]]), sigma=1.0, tol=1e-13, iters=1000), [0.5], atol=1e-12)
+    np.testing.assert_allclose(
+        vec("mca", np.array([[0.0], [1], [10]]), sigma=1.0, tol=1e-13, iters=1000), [0.5], atol=1e-12
+    )
     # default width: median distance to the medoid, here 1 (clients 0..3 around 1.5)
     res = run("mca", np.array([[0.0], [1], [2], [3], [1000]]))
     assert res.selected[4] < 1e-100 and abs(res.vector[0] - 1.5) < 1e-4
@@ -292,7 +298,12 @@ def test_preaggregators():
     np.testing.assert_array_equal(Y, [[2.5, 3.5, 4.5], [2.5, 3.5, 4.5], [5.5, 6.5, 7.5]])
     Y, _ = PRE_AGGREGATORS["clipping"](0, c=2.0).transform(BYZFL, None)
     np.testing.assert_allclose(
-        Y, [[0.53452248, 1.06904497, 1.60356745], [0.91168461, 1.13960576, 1.36752692], [1.00514142, 1.14873305, 1.29232469]]
+        Y,
+        [
+            [0.53452248, 1.06904497, 1.60356745],
+            [0.91168461, 1.13960576, 1.36752692],
+            [1.00514142, 1.14873305, 1.29232469],
+        ],
     )
     Y, owner = PRE_AGGREGATORS["bucketing"](0, s=2).transform(FEDLIB, np.random.default_rng(0))
     assert Y.shape == (2, 3)
@@ -317,11 +328,18 @@ def test_pipeline_composition_and_selected_mapping():
 
 
 def test_config_errors_name_the_setting():
-    with pytest.raises(ConfigError, match=r"aggregator: unknown aggregator 'krumm'; did you mean 'krum'\? allowed: .*krum"):
+    with pytest.raises(
+        ConfigError, match=r"aggregator: unknown aggregator 'krumm'; did you mean 'krum'\? allowed: .*krum"
+    ):
         make_aggregator("krumm", 1, {})
-    with pytest.raises(ConfigError, match=r"krum\.varient: unknown parameter of aggregator krum; did you mean 'variant'\? allowed: variant"):
+    with pytest.raises(
+        ConfigError,
+        match=r"krum\.varient: unknown parameter of aggregator krum; did you mean 'variant'\? allowed: variant",
+    ):
         make_aggregator("krum", 1, {"varient": "paper"})
-    with pytest.raises(ConfigError, match=r"krum\.variant: 'squared' is not allowed; allowed: paper, byzfl, flpoison, fedml"):
+    with pytest.raises(
+        ConfigError, match=r"krum\.variant: 'squared' is not allowed; allowed: paper, byzfl, flpoison, fedml"
+    ):
         make_aggregator("krum", 1, {"variant": "squared"})
     with pytest.raises(ConfigError, match=r"trimmed_mean\.fraction: must be in \[0.0, 0.5\), got 0.5"):
         make_aggregator("trimmed_mean", 1, {"fraction": 0.5})
@@ -409,7 +427,9 @@ def test_permutation_invariance(name, params):
         np.testing.assert_allclose(r1.selected[perm], r2.selected, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["mean", "median", "trimmed_mean", "krum", "multikrum", "bulyan", "geomed", "huber", "mca"])
+@pytest.mark.parametrize(
+    "name", ["mean", "median", "trimmed_mean", "krum", "multikrum", "bulyan", "geomed", "huber", "mca"]
+)
 def test_translation_equivariance(name):
     rng = np.random.default_rng(12)
     X = rng.normal(size=(11, 6))
@@ -502,7 +522,9 @@ def test_three_rounds_like_the_training_loop(name):
         ref = (w - target).astype(np.float32)
         res = a.aggregate(G, state=state, reference=ref, rng=np.random.default_rng([5, t]))
         assert res.vector.shape == (d,) and res.vector.dtype == np.float32 and np.all(np.isfinite(res.vector))
-        assert res.selected is None or (res.selected.shape == (n,) and np.all((res.selected >= 0) & (res.selected <= 1)))
+        assert res.selected is None or (
+            res.selected.shape == (n,) and np.all((res.selected >= 0) & (res.selected <= 1))
+        )
         w = w - 0.1 * res.vector
         assert {k: (v.shape, v.dtype) for k, v in state.items()} == shapes
     # every rule but two makes progress despite the attackers: cclip's default radius 100 exceeds

@@ -12,7 +12,20 @@ from fedring.errors import ConfigError
 
 def test_bench_aggregators_tiny(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    main(["--clients", "7", "--dim", "3000", "--repeats", "1", "--rules", "krum,fedseca,fldetector,nnm+mean", "--json", str(out)])
+    main(
+        [
+            "--clients",
+            "7",
+            "--dim",
+            "3000",
+            "--repeats",
+            "1",
+            "--rules",
+            "krum,fedseca,fldetector,nnm+mean",
+            "--json",
+            str(out),
+        ]
+    )
     data = json.loads(out.read_text())
     recs = {r["rule"]: r for r in data["records"]}
     assert list(recs) == ["mean", "krum", "fedseca", "fldetector", "nnm+mean"]  # the yardstick comes first

@@ -79,7 +79,9 @@ def test_fedseca_clamp_source_switch():
     # mu = (2, 1). Algorithm 1 clamps raw g3 to (2, 1); Eq. 9 clamps the clipped (2, 0.094).
     X = np.array([[2.0, 2], [1, 1], [30, 1]])
     np.testing.assert_allclose(fedseca(X, gamma=0.0, beta=0.0).vector, [5 / 3, 1.0])
-    np.testing.assert_allclose(fedseca(X, gamma=0.0, beta=0.0, clamp_source="clipped").vector, [5 / 3, (2 + np.sqrt(8 / 901)) / 3])
+    np.testing.assert_allclose(
+        fedseca(X, gamma=0.0, beta=0.0, clamp_source="clipped").vector, [5 / 3, (2 + np.sqrt(8 / 901)) / 3]
+    )
 
 
 def test_fedseca_election_source_switch():
@@ -99,7 +101,9 @@ def test_fedseca_sparsify_and_median_switches():
     # even K = 4, mu of column 0 = lower median of (1, 2, 3, 4) = 2, average median 2.5
     Y = np.array([[1.0, 1], [2, 1], [3, 1], [4, 1]])
     np.testing.assert_allclose(fedseca(Y, gamma=0.0, beta=0.0, clip=False).vector, [(1 + 2 + 2 + 2) / 4, 1])
-    np.testing.assert_allclose(fedseca(Y, gamma=0.0, beta=0.0, clip=False, median="average").vector, [(1 + 2 + 2.5 + 2.5) / 4, 1])
+    np.testing.assert_allclose(
+        fedseca(Y, gamma=0.0, beta=0.0, clip=False, median="average").vector, [(1 + 2 + 2.5 + 2.5) / 4, 1]
+    )
 
 
 def test_fedseca_ipm_separation():

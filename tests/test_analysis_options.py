@@ -28,15 +28,43 @@ ROUNDS = [10, 20, 30, 40]  # the evaluated rounds of every run below
 CLIENTS = 4
 
 
-def train_file(path, accuracy, aggregator, seed, attack="none", topology="ring", lr=0.1, lr_schedule="constant",
-               sections=None, metrics=None, rows=None):
+def train_file(
+    path,
+    accuracy,
+    aggregator,
+    seed,
+    attack="none",
+    topology="ring",
+    lr=0.1,
+    lr_schedule="constant",
+    sections=None,
+    metrics=None,
+    rows=None,
+):
     """A complete training run's results file in fedring's layout, written with h5py."""
-    config = {"task": "train", "topology": topology, "aggregator": aggregator, "attack": attack, "seed": seed,
-              "lr": lr, "lr_schedule": lr_schedule, "noniid": 0.5, "rounds": ROUNDS[-1], "eval_every": 10,
-              "clients": CLIENTS, "sections": sections or {}}
+    config = {
+        "task": "train",
+        "topology": topology,
+        "aggregator": aggregator,
+        "attack": attack,
+        "seed": seed,
+        "lr": lr,
+        "lr_schedule": lr_schedule,
+        "noniid": 0.5,
+        "rounds": ROUNDS[-1],
+        "eval_every": 10,
+        "clients": CLIENTS,
+        "sections": sections or {},
+    }
     with h5py.File(path, "w") as f:
-        f.attrs.update(config=json.dumps(config, sort_keys=True), status="complete", rounds_completed=ROUNDS[-1],
-                       world_size=1, n_clients=CLIENTS, n_parameters=10)
+        f.attrs.update(
+            config=json.dumps(config, sort_keys=True),
+            status="complete",
+            rounds_completed=ROUNDS[-1],
+            world_size=1,
+            n_clients=CLIENTS,
+            n_parameters=10,
+        )
         f["metrics/round"] = np.array(ROUNDS, np.int64)
         f["metrics/test_accuracy"] = np.array(accuracy, float)
         for name, values in (metrics or {}).items():
@@ -70,8 +98,16 @@ def grid(tmp_path):
     for attack, name, seed, acc, sections in runs:
         aggregator = name.partition("-")[0]
         lr = 0.1 if aggregator == "mean" else 0.003
-        train_file(d / f"{attack}-{name}-{seed}.h5", acc, aggregator, seed, attack=attack, lr=lr, sections=sections,
-                   metrics={"lr": [lr, lr, lr / 10, lr / 10]})
+        train_file(
+            d / f"{attack}-{name}-{seed}.h5",
+            acc,
+            aggregator,
+            seed,
+            attack=attack,
+            lr=lr,
+            sections=sections,
+            metrics={"lr": [lr, lr, lr / 10, lr / 10]},
+        )
     return d
 
 
@@ -107,8 +143,10 @@ def test_final_window_averages_the_last_k_evaluations(grid):
     assert err.loc["no attack", "RAR"] == 0.25
     # a window longer than the runs: all their evaluations, and the caption says so
     markdown, csv = paper_table(df, metric="test_accuracy", window=9)
-    assert markdown.startswith("Test accuracy, mean of the last 9 evaluations (rounds 10–40); "
-                               "9 runs have fewer evaluations: all of theirs are used. 9 runs")
+    assert markdown.startswith(
+        "Test accuracy, mean of the last 9 evaluations (rounds 10–40); "
+        "9 runs have fewer evaluations: all of theirs are used. 9 runs"
+    )
     assert csv.loc["no attack", "BRACE-sym"] == (0.25 * 3 + 0.5) / 4
     # any metric column: the lr applied in the round (stored as /metrics/lr, a setting is also called lr)
     markdown, csv = paper_table(df, metric="lr")
@@ -133,8 +171,17 @@ def test_diff_to_pairs_runs_by_seed_within_a_row(grid):
         "| no attack | -0.0625 ± 0.0884 (2) | 0.8750 ± 0.1768 (2) | -0.2500 |\n"
         "| Gaussian attack | -0.1875 ± 0.0884 (2) | 0.5000 ± 0.0000 (2) | - |\n"
     )
-    assert list(csv.columns) == ["RAR - BRACE", "RAR - BRACE sd", "RAR - BRACE n", "BRACE", "BRACE sd", "BRACE n",
-                                 "BRACE-sym - BRACE", "BRACE-sym - BRACE sd", "BRACE-sym - BRACE n"]
+    assert list(csv.columns) == [
+        "RAR - BRACE",
+        "RAR - BRACE sd",
+        "RAR - BRACE n",
+        "BRACE",
+        "BRACE sd",
+        "BRACE n",
+        "BRACE-sym - BRACE",
+        "BRACE-sym - BRACE sd",
+        "BRACE-sym - BRACE n",
+    ]
     assert csv.loc["no attack", "RAR - BRACE"] == -0.0625 and csv.loc["no attack", "RAR - BRACE n"] == 2
     assert csv.loc["no attack", "RAR - BRACE sd"] == pytest.approx(0.125 / 2**0.5)
     assert csv.loc["Gaussian attack", "RAR - BRACE"] == -0.1875 and csv.loc["no attack", "BRACE-sym - BRACE"] == -0.25
@@ -143,11 +190,27 @@ def test_diff_to_pairs_runs_by_seed_within_a_row(grid):
 
 
 def test_table_command_with_window_and_diff(grid, tmp_path, analysis_cli):
-    proc = analysis_cli("table", grid, "--metric", "test_accuracy", "--digits", "4", "--final-window", "2",
-                        "--diff-to", "BRACE", "--out", tmp_path / "out" / "t", cwd=tmp_path)
+    proc = analysis_cli(
+        "table",
+        grid,
+        "--metric",
+        "test_accuracy",
+        "--digits",
+        "4",
+        "--final-window",
+        "2",
+        "--diff-to",
+        "BRACE",
+        "--out",
+        tmp_path / "out" / "t",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     # last two: RAR - BRACE = 0.6875 - 0.75, 0.8125 - 0.90625 -> -0.078125 ± 0.03125/sqrt(2); BRACE-sym 0.375 - 0.75
-    assert "| no attack | -0.0781 ± 0.0221 (2) | 0.8281 ± 0.1105 (2) | -0.3750 |" in (tmp_path / "out" / "t.md").read_text()
+    assert (
+        "| no attack | -0.0781 ± 0.0221 (2) | 0.8281 ± 0.1105 (2) | -0.3750 |"
+        in (tmp_path / "out" / "t.md").read_text()
+    )
     csv = pd.read_csv(tmp_path / "out" / "t.csv", index_col=0)
     assert csv.index.name == "attack"
     assert csv.loc["no attack", "RAR - BRACE"] == -0.078125 and csv.loc["no attack", "RAR - BRACE n"] == 2
@@ -174,8 +237,9 @@ def test_beside_puts_another_tables_values_in_parentheses(grid, tmp_path, analys
     paper.write_text("# a paper's table\nattack,RAR,BRACE-sym\nno attack,,0.25\nGaussian attack,0.3,0.125\n")
     proc = analysis_cli("table", grid, "--metric", "test_accuracy", "--digits", "4", "--beside", paper, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("Final test accuracy (round 40). 9 runs, mean ± sd (n runs) over 2 seeds. "
-                                  "In parentheses: paper.csv.\n\n")
+    assert proc.stdout.startswith(
+        "Final test accuracy (round 40). 9 runs, mean ± sd (n runs) over 2 seeds. In parentheses: paper.csv.\n\n"
+    )
     assert "| no attack | 0.8125 ± 0.0884 (2) | 0.8750 ± 0.1768 (2) | 0.5000 (0.2500) |\n" in proc.stdout
     assert "| Gaussian attack | 0.3125 ± 0.0884 (2) (0.3000) | 0.5000 ± 0.0000 (2) | - (0.1250) |\n" in proc.stdout
     # rows the runs lack (a typo, or dropped by --where) are named on stderr and left out
@@ -183,14 +247,18 @@ def test_beside_puts_another_tables_values_in_parentheses(grid, tmp_path, analys
     proc = analysis_cli("table", grid, "--where", "attack=gaussian", "--beside", paper, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "| Gaussian attack | 0.69 ± 0.09 (2) (0.30) | 0.50 ± 0.00 (2) |\n" in proc.stdout
-    assert proc.stderr.splitlines() == ["4 runs; settings that vary across them: aggregator (brace, mean); lr (0.003, 0.1); "
-                                        "brace.lambda (1, unset)",
-                                        "--beside: rows not in the table, left out: 'Krum atack'",
-                                        "--beside: columns not in the table, left out: 'Krum'"]
+    assert proc.stderr.splitlines() == [
+        "4 runs; settings that vary across them: aggregator (brace, mean); lr (0.003, 0.1); brace.lambda (1, unset)",
+        "--beside: rows not in the table, left out: 'Krum atack'",
+        "--beside: columns not in the table, left out: 'Krum'",
+    ]
     df = load_runs([grid])[0]
     typo = pd.DataFrame({"BRACE": [0.1]}, index=["Krum atack"])
-    with pytest.raises(SystemExit, match=r"--beside: none of its rows \('Krum atack'\) is a row of the table; "
-                                         r"rows: no attack, Gaussian attack"):
+    with pytest.raises(
+        SystemExit,
+        match=r"--beside: none of its rows \('Krum atack'\) is a row of the table; "
+        r"rows: no attack, Gaussian attack",
+    ):
         paper_table(df, beside=typo)
     with pytest.raises(SystemExit, match=r"--beside: none of its columns \('Krum'\) is a column"):
         paper_table(df, beside=pd.DataFrame({"Krum": [0.1]}, index=["no attack"]))
@@ -207,18 +275,34 @@ def test_plot_drift(tmp_path, analysis_cli):
     r = np.arange(1, ROUNDS[-1] + 1)
     for schedule, slope in (("constant", 0.01), ("step", 0.002)):
         plus = 0.25 + 0.1 * (r % 2)
-        fractions = {"brace/plus_fraction": plus, "brace/minus_fraction": 0.7 - 0.1 * (r % 2),
-                     "brace/zero_fraction": np.full(len(r), 0.05)}
-        train_file(d / f"brace-{schedule}.h5", [0.5] * 4, "brace", 0, lr=0.003, lr_schedule=schedule, sections=BRACE,
-                   metrics={"weight_mean_change": slope * np.array(ROUNDS)}, rows=fractions)
+        fractions = {
+            "brace/plus_fraction": plus,
+            "brace/minus_fraction": 0.7 - 0.1 * (r % 2),
+            "brace/zero_fraction": np.full(len(r), 0.05),
+        }
+        train_file(
+            d / f"brace-{schedule}.h5",
+            [0.5] * 4,
+            "brace",
+            0,
+            lr=0.003,
+            lr_schedule=schedule,
+            sections=BRACE,
+            metrics={"weight_mean_change": slope * np.array(ROUNDS)},
+            rows=fractions,
+        )
     train_file(d / "rar.h5", [0.5] * 4, "mean", 0, metrics={"weight_mean_change": [0.0] * 4})  # no /brace
     out = tmp_path / "figs" / "drift.png"
     proc = analysis_cli("plot-drift", d, "--out", out, "--smooth", "4", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     # a line per run, labelled by method and (the runs differ in it) lr schedule
-    assert proc.stdout.splitlines() == [f"wrote {out}", "BRACE, lr constant: brace-constant",
-                                        "BRACE, lr step: brace-step", "RAR, lr constant: rar"]
+    assert proc.stdout.splitlines() == [
+        f"wrote {out}",
+        "BRACE, lr constant: brace-constant",
+        "BRACE, lr step: brace-step",
+        "RAR, lr constant: rar",
+    ]
     from analysis.load import round_rows
 
     rows = round_rows(d / "brace-step.h5", "brace")
@@ -252,26 +336,49 @@ runpy.run_module("analysis", run_name="__main__", alter_sys=True)
 """
 
 
-@pytest.mark.parametrize("missing, command", [("pandas", "table"), ("pandas", "conformal-table"),
-                                              ("matplotlib", "plot-drift"), ("pandas", "load")])
+@pytest.mark.parametrize(
+    "missing, command",
+    [("pandas", "table"), ("pandas", "conformal-table"), ("matplotlib", "plot-drift"), ("pandas", "load")],
+)
 def test_a_missing_extra_is_one_line_and_exit_2(tmp_path, missing, command):
-    proc = subprocess.run([sys.executable, "-c", WITHOUT, missing, command, str(tmp_path), "--out", str(tmp_path / "x")],
-                          capture_output=True, text=True, timeout=60, env=mpi_env(), cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", WITHOUT, missing, command, str(tmp_path), "--out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=mpi_env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
-    assert proc.stderr == f"python -m analysis {command} needs {missing}, which is not installed: pip install 'fedring[analysis]'\n"
+    assert (
+        proc.stderr
+        == f"python -m analysis {command} needs {missing}, which is not installed: pip install 'fedring[analysis]'\n"
+    )
     assert proc.stdout == ""
     # the command list needs neither
-    proc = subprocess.run([sys.executable, "-c", WITHOUT, missing, "--help"], capture_output=True, text=True, timeout=60,
-                          env=mpi_env(), cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", WITHOUT, missing, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=mpi_env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0 and "plot-drift" in proc.stdout
 
 
 def test_sys_modules_none_is_a_missing_extra_too(tmp_path):
-    code = ("import runpy, sys; sys.modules['pandas'] = None; sys.argv = ['analysis', 'load', '.']; "
-            "runpy.run_module('analysis', run_name='__main__', alter_sys=True)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=mpi_env(), cwd=tmp_path)
-    assert (proc.returncode, proc.stderr) == (2, "python -m analysis load needs pandas, which is not installed: "
-                                                 "pip install 'fedring[analysis]'\n")
+    code = (
+        "import runpy, sys; sys.modules['pandas'] = None; sys.argv = ['analysis', 'load', '.']; "
+        "runpy.run_module('analysis', run_name='__main__', alter_sys=True)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=mpi_env(), cwd=tmp_path
+    )
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        "python -m analysis load needs pandas, which is not installed: pip install 'fedring[analysis]'\n",
+    )
 
 
 def test_ring_rows_reads_ring_and_the_brace_group_of_0_2_0(tmp_path):

@@ -35,11 +35,12 @@ from fedring.errors import ConfigError
 
 # -- tiny reference rules, independent of fedring.aggregators --------------------------------
 
+
 def krum(G, f):
     """Blanchard et al.: squared distances, n - f - 2 nearest others; (vector, index)."""
     n = G.shape[0]
     D = ((G[:, None] - G[None]) ** 2).sum(-1)
-    i = int(np.argmin(np.sort(D, 1)[:, 1:n - f - 1].sum(1)))
+    i = int(np.argmin(np.sort(D, 1)[:, 1 : n - f - 1].sum(1)))
     return G[i], i
 
 
@@ -48,7 +49,7 @@ def median(G):
 
 
 def trimmed_mean(G, k):
-    return np.sort(G, axis=0)[k:G.shape[0] - k].mean(axis=0)
+    return np.sort(G, axis=0)[k : G.shape[0] - k].mean(axis=0)
 
 
 def brace(G, lam):
@@ -65,12 +66,34 @@ BYZ = np.array([[1.0, -1.0, 0.5], [2.0, 0.0, -3.0]])
 
 # -- registry and parameter checks -----------------------------------------------------------
 
+
 def test_registry_names_and_knowledge():
-    assert set(ATTACKS) == {"gaussian", "signflip", "scaling", "alie", "ipm", "foe", "fang_krum", "fang_trim",
-                            "minmax", "minsum", "mimic", "hplus_attack", "adaptive", "nonfinite", "labelflip", "backdoor"}
+    assert set(ATTACKS) == {
+        "gaussian",
+        "signflip",
+        "scaling",
+        "alie",
+        "ipm",
+        "foe",
+        "fang_krum",
+        "fang_trim",
+        "minmax",
+        "minsum",
+        "mimic",
+        "hplus_attack",
+        "adaptive",
+        "nonfinite",
+        "labelflip",
+        "backdoor",
+    }
     built = {name: make_attack(name, {}, n_clients=10) for name in ATTACKS}
     assert {n: a.knowledge for n, a in built.items() if a.knowledge != "omniscient"} == {
-        "gaussian": "own", "signflip": "own", "nonfinite": "own", "labelflip": "own", "backdoor": "own"}
+        "gaussian": "own",
+        "signflip": "own",
+        "nonfinite": "own",
+        "labelflip": "own",
+        "backdoor": "own",
+    }
     assert {n for n, a in built.items() if a.kind == "data"} == {"labelflip", "backdoor"}
     assert make_attack("fang_trim", {"variant": "partial"}).knowledge == "collusion"
     assert make_attack("alie", {"stats": "byzantine"}).knowledge == "collusion"
@@ -78,34 +101,37 @@ def test_registry_names_and_knowledge():
     assert make_attack("none", {}) is None
 
 
-@pytest.mark.parametrize("name, params, key", [
-    ("nope", {}, "attack"),
-    ("gaussian", {"sd": 1.0}, "attack.sd"),
-    ("gaussian", {"sigma": -1.0}, "attack.sigma"),
-    ("gaussian", {"sigma": "big"}, "attack.sigma"),
-    ("gaussian", {"sigma": True}, "attack.sigma"),
-    ("minmax", {"perturbation": "random"}, "attack.perturbation"),
-    ("minmax", {"bound": "max"}, "attack.bound"),
-    ("minsum", {"bound": "mean"}, "attack.bound"),
-    ("alie", {"ddof": 2}, "attack.ddof"),
-    ("fang_krum", {"variant": "half"}, "attack.variant"),
-    ("fang_trim", {"b": 0.5}, "attack.b"),
-    ("scaling", {"factor": 0}, "attack.factor"),
-    ("mimic", {"worker": 1.5}, "attack.worker"),
-    ("adaptive", {"target": "krum"}, "attack.target"),
-    ("adaptive", {"target": "generic", "lam": 5}, "attack.lam"),
-    ("adaptive", {"evals": 4}, "attack.evals"),
-    ("adaptive", {"lam": 3}, "attack.mode"),
-    ("adaptive", {"mode": "margin", "budget": 0}, "attack.budget"),
-    ("adaptive", {"target": "generic", "ratio": 0.5}, "attack.ratio"),
-    ("labelflip", {"mapping": [0, 1]}, "attack.mapping"),
-    ("labelflip", {"num_classes": 1}, "attack.num_classes"),
-    ("backdoor", {"fraction": 1.5, "scale": 1}, "attack.fraction"),
-    ("backdoor", {}, "attack.scale"),
-    ("none", {"sigma": 1}, "attack.sigma"),
-    ("hplus_attack", {"scale": 2}, "attack.scale"),
-    ("labelflip", {"n_clients": 5}, "attack.n_clients"),
-])
+@pytest.mark.parametrize(
+    "name, params, key",
+    [
+        ("nope", {}, "attack"),
+        ("gaussian", {"sd": 1.0}, "attack.sd"),
+        ("gaussian", {"sigma": -1.0}, "attack.sigma"),
+        ("gaussian", {"sigma": "big"}, "attack.sigma"),
+        ("gaussian", {"sigma": True}, "attack.sigma"),
+        ("minmax", {"perturbation": "random"}, "attack.perturbation"),
+        ("minmax", {"bound": "max"}, "attack.bound"),
+        ("minsum", {"bound": "mean"}, "attack.bound"),
+        ("alie", {"ddof": 2}, "attack.ddof"),
+        ("fang_krum", {"variant": "half"}, "attack.variant"),
+        ("fang_trim", {"b": 0.5}, "attack.b"),
+        ("scaling", {"factor": 0}, "attack.factor"),
+        ("mimic", {"worker": 1.5}, "attack.worker"),
+        ("adaptive", {"target": "krum"}, "attack.target"),
+        ("adaptive", {"target": "generic", "lam": 5}, "attack.lam"),
+        ("adaptive", {"evals": 4}, "attack.evals"),
+        ("adaptive", {"lam": 3}, "attack.mode"),
+        ("adaptive", {"mode": "margin", "budget": 0}, "attack.budget"),
+        ("adaptive", {"target": "generic", "ratio": 0.5}, "attack.ratio"),
+        ("labelflip", {"mapping": [0, 1]}, "attack.mapping"),
+        ("labelflip", {"num_classes": 1}, "attack.num_classes"),
+        ("backdoor", {"fraction": 1.5, "scale": 1}, "attack.fraction"),
+        ("backdoor", {}, "attack.scale"),
+        ("none", {"sigma": 1}, "attack.sigma"),
+        ("hplus_attack", {"scale": 2}, "attack.scale"),
+        ("labelflip", {"n_clients": 5}, "attack.n_clients"),
+    ],
+)
 def test_bad_settings_name_the_key(name, params, key):
     with pytest.raises(ConfigError) as err:
         make_attack(name, params)
@@ -158,6 +184,7 @@ def test_same_seed_same_output_for_every_model_attack():
 
 # -- simple model attacks: exact values ------------------------------------------------------
 
+
 def test_gaussian_moments():
     out = Gaussian(sigma=200.0, mean=3.0)(np.zeros((4, 10_000)), None, ctx(seed=1))
     # 40,000 draws: the sample std is within 2% of sigma (5.7 standard errors, false alarm
@@ -193,8 +220,19 @@ def test_ipm_jitter_per_attacker_within_range():
 
 # -- ALIE --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n, f, z", [(10, 1, -0.139710), (10, 2, 0.0), (25, 5, 0.253347), (50, 10, 0.253347),
-                                     (50, 20, 0.841621), (100, 20, 0.285841), (20, 4, 0.157311)])
+
+@pytest.mark.parametrize(
+    "n, f, z",
+    [
+        (10, 1, -0.139710),
+        (10, 2, 0.0),
+        (25, 5, 0.253347),
+        (50, 10, 0.253347),
+        (50, 20, 0.841621),
+        (100, 20, 0.285841),
+        (20, 4, 0.157311),
+    ],
+)
 def test_alie_z_formula(n, f, z):
     assert alie_z(n, f) == pytest.approx(z, abs=1e-6)
 
@@ -212,8 +250,10 @@ def test_alie_exact_values_and_conventions():
     np.testing.assert_array_equal(ALIE(z=1.5)(BYZ, HONEST, c), [[8.5, 9.5, 10.5]] * 2)
     np.testing.assert_allclose(ALIE(z=1.5, ddof=0)(BYZ, HONEST, c), [HONEST.mean(0) + 1.5 * math.sqrt(6)] * 2)
     # stats from the attackers' own gradients: mean (1.5, -0.5, -1.25), std ddof 1 = |diff|/sqrt(2)
-    np.testing.assert_allclose(ALIE(z=2.0, stats="byzantine")(BYZ, None, c),
-                               [[1.5 + 2 / math.sqrt(2), -0.5 + 2 / math.sqrt(2), -1.25 + 7 / math.sqrt(2)]] * 2)
+    np.testing.assert_allclose(
+        ALIE(z=2.0, stats="byzantine")(BYZ, None, c),
+        [[1.5 + 2 / math.sqrt(2), -0.5 + 2 / math.sqrt(2), -1.25 + 7 / math.sqrt(2)]] * 2,
+    )
     # formula z for n = 10 with the 2 actual attackers is 0: the honest mean
     np.testing.assert_allclose(ALIE()(BYZ, HONEST, ctx(n=10, f=3)), [HONEST.mean(0)] * 2)
     with pytest.raises(ConfigError):
@@ -223,6 +263,7 @@ def test_alie_exact_values_and_conventions():
 
 
 # -- Fang's attacks ----------------------------------------------------------------------------
+
 
 def test_fang_krum_lambda_bound_and_exhausted_search_by_hand():
     # honest 1, 2, 3, 4; n = 5, f = 1: nearest-2 sums 3, 2, 2, 3 -> min 2; lambda_max = 2/(5-2-1) + 4 = 5.
@@ -256,8 +297,12 @@ def test_fang_krum_partial_finds_fewest_supporters_then_largest_power_of_two():
     s = np.sign(byz.sum(0))
     # brute force with the reference Krum over the before-attack rows, then k copies: smallest k,
     # then largest lambda = 2^-j picked
-    found = next((k, 2.0**-j) for k in range(1, 5) for j in range(17)
-                 if krum(np.vstack([byz, np.tile(-(2.0**-j) * s, (k, 1))]), k)[1] >= 5)
+    found = next(
+        (k, 2.0**-j)
+        for k in range(1, 5)
+        for j in range(17)
+        if krum(np.vstack([byz, np.tile(-(2.0**-j) * s, (k, 1))]), k)[1] >= 5
+    )
     np.testing.assert_allclose(out, np.tile(-found[1] * s, (5, 1)))
     with pytest.raises(ConfigError, match="at least 2"):
         FangKrum(variant="partial")(byz[:1], None, ctx(n=12, f=1))
@@ -300,8 +345,11 @@ def test_fang_trim_values_in_the_stated_ranges_and_trimmed_mean_pushed_back():
     assert np.all(np.where(s > 0, out <= rows.min(0), out >= rows.max(0)))
     before, after = trimmed_mean(rows, b), trimmed_mean(np.vstack([out, honest]), b)
     assert np.all(np.where(s > 0, after <= before, after >= before))
-    assert np.all(np.where(s > 0, median(np.vstack([out, honest])) <= median(rows),
-                           median(np.vstack([out, honest])) >= median(rows)))
+    assert np.all(
+        np.where(
+            s > 0, median(np.vstack([out, honest])) <= median(rows), median(np.vstack([out, honest])) >= median(rows)
+        )
+    )
 
 
 def test_fang_trim_partial_range():
@@ -314,6 +362,7 @@ def test_fang_trim_partial_range():
 
 
 # -- Min-Max / Min-Sum -------------------------------------------------------------------------
+
 
 def _constraint(kind, honest, g, bound="max"):
     D = ((honest[:, None] - honest[None]) ** 2).sum(-1)
@@ -358,6 +407,7 @@ def test_min_max_search_saturates_below_twice_gamma_init():
 
 # -- Mimic -------------------------------------------------------------------------------------
 
+
 def test_mimic_copies_the_most_extreme_honest_client():
     honest = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [5.0, 5.0], [-1.0, -1.0]])
     np.testing.assert_array_equal(Mimic()(BYZ[:, :2], honest, ctx(n=7)), [[5, 5]] * 2)
@@ -369,10 +419,14 @@ def test_mimic_copies_the_most_extreme_honest_client():
 # -- adaptive ----------------------------------------------------------------------------------
 
 # columns: c0 margin 1, c1 margin -1, c2 (t = -1) margin 1, c3 and c4 out of reach, c5 mean 0
-ADAPT_HONEST = np.array([[1.0, 3.0, -3.0, 1.0, -1.0, 1.0],
-                         [1.0, -1.0, 1.0, 1.0, -1.0, 1.0],
-                         [1.0, -1.0, 1.0, 1.0, -1.0, -1.0],
-                         [-1.0, 1.0, -1.0, 1.0, -1.0, -1.0]])
+ADAPT_HONEST = np.array(
+    [
+        [1.0, 3.0, -3.0, 1.0, -1.0, 1.0],
+        [1.0, -1.0, 1.0, 1.0, -1.0, 1.0],
+        [1.0, -1.0, 1.0, 1.0, -1.0, -1.0],
+        [-1.0, 1.0, -1.0, 1.0, -1.0, -1.0],
+    ]
+)
 ADAPT_BYZ = np.array([[1.0, 1.0, -1.0, 1.0, 2.0, 3.0], [1.0, 1.0, -1.0, 1.0, -2.0, 0.5]])
 
 
@@ -441,13 +495,14 @@ def test_line_maximize_finds_an_interior_maximum():
 
     def objective(x):
         calls.append(x)
-        return -(x - 5.3) ** 2
+        return -((x - 5.3) ** 2)
 
     best = line_maximize(objective, evals=16)
     assert len(calls) == 16 and min(calls) >= 0 and abs(best - 5.3) < 0.3
 
 
 # -- data attacks ------------------------------------------------------------------------------
+
 
 def test_labelflip_default_map_is_an_involution():
     y = np.arange(10).repeat(3)
@@ -474,8 +529,7 @@ def test_backdoor_trigger_pixels():
     np.testing.assert_array_equal(stamped[0], stamped[1])
     tiny = Backdoor(scale=1, value=0.5).stamp(np.ones((1, 3, 4, 4)))
     assert (tiny == 0.5).sum() == 3 * 4 and (tiny[:, 0] == 0.5).sum() == 4
-    np.testing.assert_array_equal(Backdoor(scale=1, value=3.0).stamp(np.zeros((2, 6))),
-                                  [[0, 0, 3, 3, 3, 3]] * 2)
+    np.testing.assert_array_equal(Backdoor(scale=1, value=3.0).stamp(np.zeros((2, 6))), [[0, 0, 3, 3, 3, 3]] * 2)
     with pytest.raises(ValueError, match="cannot stamp"):
         bd.stamp(np.zeros((2, 3)))
 

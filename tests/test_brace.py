@@ -301,8 +301,12 @@ def test_check_cannot_see_a_parity_keeping_bias_in_range():
     n, d = 8, 64
     G = np.ones((n, d), np.float32)
     G[::2] = -1.0  # partial counts alternate 1, 0, 1, 0 ...: +2 keeps them in range and parity
-    out, _vote, _, res = run("brace", n, G, {"lambda": 0, "sign_zero": 1, "check": "on", "relay_attack": "bias",
-                                       "relay_bias": 2, "relay_clients": [3]})
+    out, _vote, _, res = run(
+        "brace",
+        n,
+        G,
+        {"lambda": 0, "sign_zero": 1, "check": "on", "relay_attack": "bias", "relay_bias": 2, "relay_clients": [3]},
+    )
     assert res.figures["relay_tampered_hops"] == n - 1
     assert res.figures["integrity_detections"] < n - 1
     assert np.any(out == 1)  # honest S = 0 gives -1 everywhere: the undetected bias moved votes
@@ -314,8 +318,9 @@ def test_adjacent_relays_pass_the_parity_test():
     n, d = 8, 64
     G = np.ones((n, d), np.float32)
     G[::2] = -1.0
-    _, _vote, _, res = run("brace", n, G, {"sign_zero": 1, "check": "on", "relay_attack": "bias", "relay_bias": 1,
-                                     "relay_clients": [3, 4]})
+    _, _vote, _, res = run(
+        "brace", n, G, {"sign_zero": 1, "check": "on", "relay_attack": "bias", "relay_bias": 1, "relay_clients": [3, 4]}
+    )
     assert res.rows["detections"].tolist() == [0, 0, 0, 0, 1, 0, 0, 0]
     assert res.figures["relay_tampered_hops"] == 2 * (n - 1)
 
@@ -339,7 +344,9 @@ def test_flip_attack_reaches_the_clients_downstream_of_the_first_relay():
     G = sign_matrix(n, d, 4)
     honest = run("brace", n, G, {"lambda": 0})[0]
     for relays, chunks in [([2], [2, 3]), ([2, 3], [2, 3, 4])]:
-        out, _vote, _, res = run("brace", n, G, {"lambda": 0, "relay_attack": "flip", "relay_clients": relays, "check": "on"})
+        out, _vote, _, res = run(
+            "brace", n, G, {"lambda": 0, "relay_attack": "flip", "relay_clients": relays, "check": "on"}
+        )
         flipped = np.zeros(d, bool)
         for c in chunks:
             flipped[2 * c : 2 * c + 2] = True

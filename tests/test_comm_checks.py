@@ -37,15 +37,18 @@ print(f"rank {rank}: no error", flush=True)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("case,message", [
-    ("fortran", "rank 0: rows must be C-contiguous"),  # rank 1's single row is contiguous either way
-    ("extra_row", "rank 1: rows has 2 rows; it needs one row for each of the 1 clients this rank sends for"),
-    ("dtype", "the dtype size of rows differs between ranks (4 and 8)"),
-    ("width", "the row size of rows differs between ranks (10 and 11)"),
-    ("gather", "rank 1: rows has 0 rows; it needs one row for each of the 1 clients"),
-    ("broadcast", "rank 0: the server's vector has 7 values, the clients expect shape (10,)"),
-    ("scatter", "rank 0: the server has rows of shape (1, 10) for 2 clients of shape (10,)"),
-])
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("fortran", "rank 0: rows must be C-contiguous"),  # rank 1's single row is contiguous either way
+        ("extra_row", "rank 1: rows has 2 rows; it needs one row for each of the 1 clients this rank sends for"),
+        ("dtype", "the dtype size of rows differs between ranks (4 and 8)"),
+        ("width", "the row size of rows differs between ranks (10 and 11)"),
+        ("gather", "rank 1: rows has 0 rows; it needs one row for each of the 1 clients"),
+        ("broadcast", "rank 0: the server's vector has 7 values, the clients expect shape (10,)"),
+        ("scatter", "rank 0: the server has rows of shape (1, 10) for 2 clients of shape (10,)"),
+    ],
+)
 def test_misuse_raises_on_every_rank(tmp_path, case, message):
     script = tmp_path / "misuse.py"
     script.write_text(SCRIPT)

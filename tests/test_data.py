@@ -107,7 +107,9 @@ def test_cifar10_from_its_python_batches_and_its_default_model(tmp_path):
     data = FederatedData("cifar10", str(tmp_path), 4, range(0, 2), "iid", 0.5, seed=0)
     assert [len(s.y) for s in data.shards] == [5, 5] and data.test.x.shape == (2, 3, 32, 32)
     assert sum(p.numel() for p in make_model("cnn_cifar", 0, c.shape).parameters()) == 545_098
-    with pytest.raises(ConfigError, match=r"model: cnn takes 1x28x28 images, the data set has 3x32x32: set model = cnn_cifar"):
+    with pytest.raises(
+        ConfigError, match=r"model: cnn takes 1x28x28 images, the data set has 3x32x32: set model = cnn_cifar"
+    ):
         make_model("cnn", 0, c.shape)
     with pytest.raises(ConfigError, match="data_dir: CIFAR-10 files data_batch_1"):
         CIFAR10(str(tmp_path / "none"))
@@ -125,10 +127,19 @@ def test_cifar10_batch_files_are_data_a_crafted_pickle_runs_nothing(tmp_path):
         write_batch(tmp_path / name, images, [3, 7])
     for protocol in (2, 4, 5):  # 2: how the published (Python 2) files were written
         with open(tmp_path / TRAIN_FILES[1], "wb") as f:
-            pickle.dump({b"data": images.reshape(2, -1).astype(np.uint8), b"labels": [3, 7], b"batch_label": b"b",
-                         b"filenames": [b"a.png", "b.png"]}, f, protocol=protocol)
-        np.testing.assert_array_equal(CIFAR10(str(tmp_path)).train_images(np.array([2, 3])),
-                                      images.astype(np.float32) / np.float32(255))
+            pickle.dump(
+                {
+                    b"data": images.reshape(2, -1).astype(np.uint8),
+                    b"labels": [3, 7],
+                    b"batch_label": b"b",
+                    b"filenames": [b"a.png", "b.png"],
+                },
+                f,
+                protocol=protocol,
+            )
+        np.testing.assert_array_equal(
+            CIFAR10(str(tmp_path)).train_images(np.array([2, 3])), images.astype(np.float32) / np.float32(255)
+        )
     marker = tmp_path / "pwned"
 
     class Payload:
@@ -137,9 +148,12 @@ def test_cifar10_batch_files_are_data_a_crafted_pickle_runs_nothing(tmp_path):
 
     with open(tmp_path / TEST_FILE, "wb") as f:
         pickle.dump({b"data": Payload(), b"labels": [3, 7]}, f, protocol=2)
-    with pytest.raises(ConfigError, match=rf"^data_dir: {tmp_path / TEST_FILE} is not a CIFAR-10 batch file, refused: "
-                                          r"UnpicklingError: the pickle names posix.system; a data file holds only "
-                                          r"dicts, lists, bytes, str, numbers and numpy arrays$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^data_dir: {tmp_path / TEST_FILE} is not a CIFAR-10 batch file, refused: "
+        r"UnpicklingError: the pickle names posix.system; a data file holds only "
+        r"dicts, lists, bytes, str, numbers and numpy arrays$",
+    ):
         CIFAR10(str(tmp_path)).test_labels()
     assert not marker.exists()
     (tmp_path / TEST_FILE).write_bytes(b"\x80\x02}q\x00")  # cut short

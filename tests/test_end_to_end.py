@@ -23,16 +23,59 @@ ATTACK_NAMES = sorted(ATTACKS)
 
 
 def configs():
-    runs = {f"rule-{rule}": ["--topology", "server", "--aggregator", rule, "--rounds", "3",
-                             "--byzantine", "1", "--attack", "gaussian"] for rule in RULES}
-    runs["rule-pre"] = ["--topology", "server", "--aggregator", "median", "--pre-aggregators", "nnm,bucketing,clipping",
-                        "--rounds", "3", "--byzantine", "1", "--attack", "gaussian"]
+    runs = {
+        f"rule-{rule}": [
+            "--topology",
+            "server",
+            "--aggregator",
+            rule,
+            "--rounds",
+            "3",
+            "--byzantine",
+            "1",
+            "--attack",
+            "gaussian",
+        ]
+        for rule in RULES
+    }
+    runs["rule-pre"] = [
+        "--topology",
+        "server",
+        "--aggregator",
+        "median",
+        "--pre-aggregators",
+        "nnm,bucketing,clipping",
+        "--rounds",
+        "3",
+        "--byzantine",
+        "1",
+        "--attack",
+        "gaussian",
+    ]
     for topology, aggregator in (("server", "mean"), ("ring", "brace")):
-        runs[f"{topology}-honest"] = ["--topology", topology, "--aggregator", aggregator, "--rounds", "2",
-                                      "--byzantine", "2"]
+        runs[f"{topology}-honest"] = [
+            "--topology",
+            topology,
+            "--aggregator",
+            aggregator,
+            "--rounds",
+            "2",
+            "--byzantine",
+            "2",
+        ]
         for attack in ATTACK_NAMES:
-            runs[f"{topology}-{attack}"] = ["--topology", topology, "--aggregator", aggregator, "--rounds", "2",
-                                            "--byzantine", "2", "--attack", attack]
+            runs[f"{topology}-{attack}"] = [
+                "--topology",
+                topology,
+                "--aggregator",
+                aggregator,
+                "--rounds",
+                "2",
+                "--byzantine",
+                "2",
+                "--attack",
+                attack,
+            ]
     return runs
 
 

@@ -30,8 +30,10 @@ SMALL = ["--dataset", "synthetic", "--clients", "4", "--rounds", "2", "--quiet"]
         (["--frobnicate"], "arguments: unrecognized arguments: --frobnicate"),
         (["--round", "5"], "arguments: unknown option --round; did you mean --rounds?"),  # no abbreviations
         (["--set", "brace.lambda=3"], "brace: settings of brace, which this run does not use (aggregator mean"),
-        (["--aggregator", "brace", "--set", "brace.relay_clients=[1]"],
-         "brace.relay_clients: in a run the Byzantine clients are the relays"),
+        (
+            ["--aggregator", "brace", "--set", "brace.relay_clients=[1]"],
+            "brace.relay_clients: in a run the Byzantine clients are the relays",
+        ),
     ],
 )
 def test_config_errors_exit_2_before_any_work(tmp_path, fedring_cli, args, key):
@@ -73,6 +75,7 @@ def test_toml_config_and_precedence(tmp_path):
     fedring(1, "--config", str(cfg), "--set", "rounds=3", "--rounds", "2", "--quiet", "--out", str(out))
     with h5py.File(out) as f:
         import json
+
         c = json.loads(f.attrs["config"])
         assert (c["rounds"], c["seed"], c["clients"]) == (2, 3, 4)
         assert f.attrs["rounds_completed"] == 2
@@ -100,8 +103,26 @@ def test_exception_on_any_rank_ends_job_with_traceback(tmp_path, failing_rank):
     script.write_text(CRASH)
     out = tmp_path / "crash.h5"
     t0 = time.perf_counter()
-    proc = run_mpi(3, [str(script), str(failing_rank), "--dataset", "synthetic", "--clients", "3",
-                       "--rounds", "50", "--eval-every", "1", "--quiet", "--out", str(out)], check=False, timeout=90)
+    proc = run_mpi(
+        3,
+        [
+            str(script),
+            str(failing_rank),
+            "--dataset",
+            "synthetic",
+            "--clients",
+            "3",
+            "--rounds",
+            "50",
+            "--eval-every",
+            "1",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+        check=False,
+        timeout=90,
+    )
     elapsed = time.perf_counter() - t0
     assert proc.returncode != 0
     assert "RuntimeError: injected failure on purpose" in proc.stderr

@@ -352,7 +352,9 @@ def test_dp_fedcp_single_agent_and_empty_agents():
     assert np.allclose(one["weights"], 1.0) and np.allclose(one["lam"], 1.0)
     assert np.all(np.abs(one["threshold"] - one["exact_threshold"]) < 0.05)
     # empty agents are carried with zero weight and change nothing (same seeds: same subsets)
-    with_empty = ls.dp_fedcp_thresholds([s, np.zeros(0), np.zeros(0)], [lab, np.zeros(0, int), np.zeros(0, int)], 0, 3, rounds=300)
+    with_empty = ls.dp_fedcp_thresholds(
+        [s, np.zeros(0), np.zeros(0)], [lab, np.zeros(0, int), np.zeros(0, int)], 0, 3, rounds=300
+    )
     assert np.all(with_empty["lam"][1:] == 0.0)
     assert np.array_equal(with_empty["exact_threshold"], one["exact_threshold"])
     assert np.allclose(with_empty["threshold"], one["threshold"], atol=1e-12)

@@ -125,9 +125,16 @@ def test_logits_experiment_writes_distribution_over_runs(logits_npz, tmp_path):
     assert np.all(rows["size"] >= 0) and np.all(rows["size"] <= 10)
     assert np.all(np.isnan(rows["exact_threshold"][:, :4])) and not np.any(np.isnan(rows["exact_threshold"][:, 4:]))
     dp = labels.index("dp-sigma=0.5/target 4")
-    assert attrs["cases"][dp] == {"label": "dp-sigma=0.5/target 4", "method": "dp", "target": 4, "sigma_g": 0.5,
-                                  "weights": "exact counts", "delta": 1e-5, "count_noise": 0.0,
-                                  "count_noise_epsilon": 0.0}
+    assert attrs["cases"][dp] == {
+        "label": "dp-sigma=0.5/target 4",
+        "method": "dp",
+        "target": 4,
+        "sigma_g": 0.5,
+        "weights": "exact counts",
+        "delta": 1e-5,
+        "count_noise": 0.0,
+        "count_noise_epsilon": 0.0,
+    }
     eps, lam_max = rows["epsilon"][:, dp], rows["lambda_max"][:, dp]
     want = ls.epsilon_for_sigma(0.5, 1e-5, 20, 2, 10, 10, float(lam_max[0, 0]))
     assert eps[0, 0] == pytest.approx(want)
@@ -176,8 +183,22 @@ sys.exit(main(["conformal", "labelshift", *sys.argv[1:]]))
 
 @pytest.mark.slow
 def test_stopped_and_resumed_run_has_the_rows_of_an_uninterrupted_one(tmp_path):
-    args = ["--trials", "5", "--trial-batch", "2", *FAST, "--sigma-g", "1", "--count-noise", "1", "--participants",
-            "1", "--targets", "all", "--quiet"]
+    args = [
+        "--trials",
+        "5",
+        "--trial-batch",
+        "2",
+        *FAST,
+        "--sigma-g",
+        "1",
+        "--count-noise",
+        "1",
+        "--participants",
+        "1",
+        "--targets",
+        "all",
+        "--quiet",
+    ]
     whole, resumed = tmp_path / "whole.h5", tmp_path / "resumed.h5"
     labelshift(*args, "--out", whole)
     script = tmp_path / "stop.py"
@@ -194,8 +215,20 @@ def test_stopped_and_resumed_run_has_the_rows_of_an_uninterrupted_one(tmp_path):
 @pytest.mark.slow
 def test_all_targets_and_partial_participation(tmp_path):
     out = tmp_path / "r.h5"
-    labelshift("--trials", "2", *FAST, "--targets", "all", "--participants", "1", "--methods", "nonprivate",
-               "unweighted-local", "--out", out)
+    labelshift(
+        "--trials",
+        "2",
+        *FAST,
+        "--targets",
+        "all",
+        "--participants",
+        "1",
+        "--methods",
+        "nonprivate",
+        "unweighted-local",
+        "--out",
+        out,
+    )
     attrs, rows, _, _ = read(out)
     assert rows["coverage"].shape == (2, 4)  # 2 trials x (2 targets x 2 methods)
     assert {c["method"] for c in attrs["cases"]} == {"nonprivate", "unweighted-local"}
@@ -216,8 +249,19 @@ def test_model_from_training_run(tmp_path):
     assert logits.shape == (labels.size, 10) and labels.size > 0
     saved = tmp_path / "saved.npz"
     out = tmp_path / "r.h5"
-    labelshift("--model-from", run, "--save-logits", saved, "--trials", "1", *FAST, "--methods", "unweighted-global",
-               "--out", out)
+    labelshift(
+        "--model-from",
+        run,
+        "--save-logits",
+        saved,
+        "--trials",
+        "1",
+        *FAST,
+        "--methods",
+        "unweighted-global",
+        "--out",
+        out,
+    )
     again = ls.load_logits_npz(str(saved))
     assert np.allclose(again[0], logits, atol=1e-5) and np.array_equal(again[1], labels)
 

@@ -203,11 +203,18 @@ def test_p7_theorem_4_1_optimisation_error():
             return sigma * noise_rng.standard_normal((k_steps, 3, seeds))
 
         q_hat = ls.dp_fedavgqe(
-            rows, np.repeat(lam[:, None], seeds, axis=1), q0=np.full(seeds, q0), rounds=rounds, local_steps=k_steps,
-            eta=eta, noise=noise if sigma else None,
+            rows,
+            np.repeat(lam[:, None], seeds, axis=1),
+            q0=np.full(seeds, q0),
+            rounds=rounds,
+            local_steps=k_steps,
+            eta=eta,
+            noise=noise if sigma else None,
         )
         gap = objective(q_hat) - objective(q_star)[0]
-        bound = (q0 - q_star) ** 2 / (eta * k_steps * rounds) + 14 / gamma * eta**2 * k_steps * (sigma**2 + k_steps * zeta2)
+        bound = (q0 - q_star) ** 2 / (eta * k_steps * rounds) + 14 / gamma * eta**2 * k_steps * (
+            sigma**2 + k_steps * zeta2
+        )
         assert gap.mean() + 5 * gap.std(ddof=1) / math.sqrt(seeds) <= bound
         assert gap.min() >= -1e-12  # Q^gamma minimises the objective
 
@@ -241,10 +248,28 @@ def test_p16_gaussian_experiment_end_to_end(tmp_path):
     sd ratio (0.64 expected) has a standard error near 0.08 against the limit 1.
     """
     out = tmp_path / "p16.h5"
-    argv = ["--seed", "7", "--methods", "unweighted-local", "unweighted-global", "nonprivate", "--trials", "60",
-            "--trial-batch", "30", "--quiet", "--out", str(out)]
-    subprocess.run([sys.executable, "-m", "fedring", "conformal", "labelshift", *argv], cwd=REPO, check=True,
-                   capture_output=True, timeout=600)
+    argv = [
+        "--seed",
+        "7",
+        "--methods",
+        "unweighted-local",
+        "unweighted-global",
+        "nonprivate",
+        "--trials",
+        "60",
+        "--trial-batch",
+        "30",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
+    subprocess.run(
+        [sys.executable, "-m", "fedring", "conformal", "labelshift", *argv],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     attrs, rows = read_calibration(out)
     col = {case["method"]: j for j, case in enumerate(attrs["cases"])}
     cov = rows["coverage"]

@@ -27,11 +27,43 @@ from fedring.config import MAX_CONFIG_BYTES
 from fedring.errors import ConfigError
 
 BASE = ["--dataset", "synthetic", "--clients", "8", "--byzantine", "2", "--attack", "gaussian"]
-NUMERIC = ["clients", "byzantine", "declared_f", "server_samples", "noniid", "rounds", "lr", "batch_size",
-           "local_steps", "seed", "eval_every", "threads", "checkpoint_every", "stop_grace"]
+NUMERIC = [
+    "clients",
+    "byzantine",
+    "declared_f",
+    "server_samples",
+    "noniid",
+    "rounds",
+    "lr",
+    "batch_size",
+    "local_steps",
+    "seed",
+    "eval_every",
+    "threads",
+    "checkpoint_every",
+    "stop_grace",
+]
 #: as --set VALUE (TOML literals, and a bare word read as a string)
-EXTREMES = ["0", "-1", "-0.5", "nan", "inf", "-inf", "1e12", "1000000000000", "1e400", "1" + "0" * 40, "true",
-            '"x"', "x", '""', "[]", "[1, 2]", "{}", "{a = 1}"]
+EXTREMES = [
+    "0",
+    "-1",
+    "-0.5",
+    "nan",
+    "inf",
+    "-inf",
+    "1e12",
+    "1000000000000",
+    "1e400",
+    "1" + "0" * 40,
+    "true",
+    '"x"',
+    "x",
+    '""',
+    "[]",
+    "[1, 2]",
+    "{}",
+    "{a = 1}",
+]
 BIG = {"1e12", "1000000000000"}
 #: accepted values: each a documented, working run (module docstring)
 LEGITIMATE = {
@@ -75,19 +107,33 @@ def test_every_numeric_setting_at_its_extremes(tmp_path, key):
         assert not out.exists()
 
 
-@pytest.mark.parametrize(("option", "value"), [
-    ("--clients", "1000000000"), ("--clients", "-3"), ("--rounds", "nan"), ("--rounds", "1e12"), ("--lr", "inf"),
-    ("--lr", ""), ("--batch-size", ""), ("--byzantine", "-1"), ("--noniid", "1.5"), ("--eval-every", "0"),
-    ("--declared-f", "8"), ("--seed", "-1"), ("--checkpoint-every", "x"),
-])
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--clients", "1000000000"),
+        ("--clients", "-3"),
+        ("--rounds", "nan"),
+        ("--rounds", "1e12"),
+        ("--lr", "inf"),
+        ("--lr", ""),
+        ("--batch-size", ""),
+        ("--byzantine", "-1"),
+        ("--noniid", "1.5"),
+        ("--eval-every", "0"),
+        ("--declared-f", "8"),
+        ("--seed", "-1"),
+        ("--checkpoint-every", "x"),
+    ],
+)
 def test_named_options_at_their_extremes(tmp_path, option, value):
     assert_one_line(outcome([*BASE, "--out", str(tmp_path / "run.h5"), option, value]), option[2:].replace("-", "_"))
 
 
 def test_more_clients_than_training_samples_is_refused_at_once():
     assert outcome(["--dataset", "synthetic", "--clients", "1000000000"]) == (
-        "clients: 1000000000 clients but synthetic has 4,000 training samples: every client needs at least one")
-    assert outcome(["--clients", "60001"]) .startswith("clients: 60001 clients but fashion-mnist has 60,000 ")
+        "clients: 1000000000 clients but synthetic has 4,000 training samples: every client needs at least one"
+    )
+    assert outcome(["--clients", "60001"]).startswith("clients: 60001 clients but fashion-mnist has 60,000 ")
     assert outcome(["--dataset", "synthetic", "--clients", "4000", "--partition", "iid", "--out", "x.h5"], 4) is None
 
 
@@ -144,29 +190,47 @@ def test_a_top_level_key_after_a_section_gets_a_hint(tmp_path):
     cfg = build_config(["--config", path, "--dataset", "synthetic", "--topology", "server", "--aggregator", "krum"], 2)
     with pytest.raises(ConfigError) as e:  # the rule's parameters are checked where the job builds it
         AGGREGATORS.build("krum", cfg.section("krum"), key="krum", n=8, f=0)
-    assert str(e.value) == ("krum.rounds: unknown parameter of aggregator krum; rounds is a top-level setting: in a TOML "
-                            "file, put it above the first [section] (TOML reads every key after [krum] into that "
-                            "section); allowed: variant")
+    assert str(e.value) == (
+        "krum.rounds: unknown parameter of aggregator krum; rounds is a top-level setting: in a TOML "
+        "file, put it above the first [section] (TOML reads every key after [krum] into that "
+        "section); allowed: variant"
+    )
 
 
 def test_a_misspelt_option_gets_a_suggestion():
-    assert outcome(["--agregator", "krum"]) == ("arguments: unknown option --agregator; did you mean --aggregator? "
-                                               "(see python -m fedring run --help)")
+    assert outcome(["--agregator", "krum"]) == (
+        "arguments: unknown option --agregator; did you mean --aggregator? (see python -m fedring run --help)"
+    )
     assert outcome(["--eval-evry=5"]).startswith("arguments: unknown option --eval-evry; did you mean --eval-every?")
-    assert outcome(["--xyzzy", "3"]) == "arguments: unrecognized arguments: --xyzzy 3 (see python -m fedring run --help)"
+    assert (
+        outcome(["--xyzzy", "3"]) == "arguments: unrecognized arguments: --xyzzy 3 (see python -m fedring run --help)"
+    )
 
 
-@pytest.mark.parametrize("args", [
-    ["--dataset", "synthetic", "--clients", "1000000000"],
-    ["--config", "BAD"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--dataset", "synthetic", "--clients", "1000000000"],
+        ["--config", "BAD"],
+    ],
+)
 def test_refused_on_every_rank_in_one_line(tmp_path, args):
     if MPIEXEC is None:
         pytest.skip("mpiexec not found (pip install mpich)")
     bad = write(tmp_path / "bad.toml", b"\xff\xfe rounds = 3\n")
     out = tmp_path / "run.h5"
-    cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "fedring", "run", *[bad if a == "BAD" else a for a in args],
-           "--out", str(out)]
+    cmd = [
+        MPIEXEC,
+        "-n",
+        "2",
+        sys.executable,
+        "-m",
+        "fedring",
+        "run",
+        *[bad if a == "BAD" else a for a in args],
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=mpi_env(), cwd=tmp_path, check=False)
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("fedring: error: ")

@@ -29,7 +29,8 @@ def _type_checking(node: ast.AST) -> bool:
     test = getattr(node, "test", None)
     return isinstance(node, ast.If) and (
         (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
 
 
 def imports(name: str, path: Path, package: bool, known: dict) -> set[str]:
@@ -86,7 +87,7 @@ def cycle(edges: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return [*path[path.index(nxt) :], nxt]
             if nxt not in state and (found := walk(nxt)):
                 return found
         path.pop()
@@ -104,15 +105,27 @@ def test_the_graph_sees_imports_in_functions_and_skips_type_checking(tmp_path):
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "sub" / "__init__.py").write_text("from .b import B\n")
-    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from fedring.sub.b import B\n"
-                              "def f():\n    from .sub import B\n")
+    (pkg / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from fedring.sub.b import B\n"
+        "def f():\n    from .sub import B\n"
+    )
     (pkg / "sub" / "b.py").write_text("def g():\n    import fedring.a\n")
-    known = {name: (pkg / path, package) for name, path, package in [
-        ("fedring", "__init__.py", True), ("fedring.sub", "sub/__init__.py", True),
-        ("fedring.a", "a.py", False), ("fedring.sub.b", "sub/b.py", False)]}
+    known = {
+        name: (pkg / path, package)
+        for name, path, package in [
+            ("fedring", "__init__.py", True),
+            ("fedring.sub", "sub/__init__.py", True),
+            ("fedring.a", "a.py", False),
+            ("fedring.sub.b", "sub/b.py", False),
+        ]
+    }
     edges = {name: imports(name, path, package, known) for name, (path, package) in known.items()}
-    assert edges == {"fedring": set(), "fedring.sub": {"fedring.sub.b"}, "fedring.a": {"fedring.sub"},
-                     "fedring.sub.b": {"fedring.a"}}
+    assert edges == {
+        "fedring": set(),
+        "fedring.sub": {"fedring.sub.b"},
+        "fedring.a": {"fedring.sub"},
+        "fedring.sub.b": {"fedring.a"},
+    }
     assert cycle(edges) == ["fedring.a", "fedring.sub", "fedring.sub.b", "fedring.a"]
 
 

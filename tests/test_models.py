@@ -8,12 +8,19 @@ from fedring.errors import ConfigError
 from fedring.train.models import MODELS, flatten, make_model, n_parameters
 
 
-@pytest.mark.parametrize("name,shape,d", [
-    ("mlp", (1, 28, 28), 784 * 100 + 100 + 100 * 10 + 10),
-    ("lenet5", (1, 28, 28), (6 * 25 + 6) + (16 * 6 * 25 + 16) + (400 * 120 + 120) + (120 * 84 + 84) + (84 * 10 + 10)),
-    # stem 1,728 + 2 x 128 norm; stages 147,968 / 525,568 / 2,099,712 / 8,393,728 (with their norms); fc 5,130
-    ("resnet18_gn", (3, 32, 32), 11_173_962),
-])
+@pytest.mark.parametrize(
+    "name,shape,d",
+    [
+        ("mlp", (1, 28, 28), 784 * 100 + 100 + 100 * 10 + 10),
+        (
+            "lenet5",
+            (1, 28, 28),
+            (6 * 25 + 6) + (16 * 6 * 25 + 16) + (400 * 120 + 120) + (120 * 84 + 84) + (84 * 10 + 10),
+        ),
+        # stem 1,728 + 2 x 128 norm; stages 147,968 / 525,568 / 2,099,712 / 8,393,728 (with their norms); fc 5,130
+        ("resnet18_gn", (3, 32, 32), 11_173_962),
+    ],
+)
 def test_model_sizes_and_outputs(name, shape, d):
     model = make_model(name, 0, shape)
     assert n_parameters(model) == d
@@ -33,6 +40,9 @@ def test_resnet18_gn_is_the_cifar_variant_with_groupnorm_only():
 
 def test_a_model_for_other_images_names_those_that_fit():
     assert {"mlp", "lenet5", "cnn"} <= {n for n, c in MODELS.items() if c.input_shape == (1, 28, 28)}
-    with pytest.raises(ConfigError, match=r"^model: resnet18_gn takes 3x32x32 images, the data set has 1x28x28: "
-                                          r"set model = cnn or lenet5 or mlp$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^model: resnet18_gn takes 3x32x32 images, the data set has 1x28x28: "
+        r"set model = cnn or lenet5 or mlp$",
+    ):
         make_model("resnet18_gn", 0, (1, 28, 28))

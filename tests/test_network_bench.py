@@ -35,8 +35,26 @@ def test_links_carry_what_the_ledger_counts(tmp_path):
         pytest.skip(reason)
     out = tmp_path / "network.json"
     d = 2**20
-    run_mpi(1, ["-m", "fedring", "bench", "network", "--nodes", "2", "--sizes", "20", "--repeats", "1",
-                "--ops", "ring,brace,server", "--json", str(out)], timeout=120)
+    run_mpi(
+        1,
+        [
+            "-m",
+            "fedring",
+            "bench",
+            "network",
+            "--nodes",
+            "2",
+            "--sizes",
+            "20",
+            "--repeats",
+            "1",
+            "--ops",
+            "ring,brace,server",
+            "--json",
+            str(out),
+        ],
+        timeout=120,
+    )
     records = {r["op"]: r for r in json.loads(out.read_text())}
     assert {op: r["ledger_bytes"] for op, r in records.items()} == {"ring": 8 * d, "brace": 9 * d // 8, "server": 8 * d}
     for op, r in records.items():
@@ -53,9 +71,17 @@ def test_refuses_without_root(monkeypatch, capsys):
     assert len(err) == 1 and "missing root" in err[0]
 
 
-@pytest.mark.parametrize("argv,key", [(["--rate", "fast"], "rate"), (["--nodes", "1"], "nodes"),
-                                      (["--sizes", "20,x"], "sizes"), (["--ops", "ring,nccl"], "ops"),
-                                      (["--repeats", "0"], "repeats"), (["--sizes", "30"], "sizes")])
+@pytest.mark.parametrize(
+    "argv,key",
+    [
+        (["--rate", "fast"], "rate"),
+        (["--nodes", "1"], "nodes"),
+        (["--sizes", "20,x"], "sizes"),
+        (["--ops", "ring,nccl"], "ops"),
+        (["--repeats", "0"], "repeats"),
+        (["--sizes", "30"], "sizes"),
+    ],
+)
 def test_bad_options_are_refused_before_any_work(argv, key):
     with pytest.raises(ConfigError) as e:
         network.settings(argv)

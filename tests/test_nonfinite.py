@@ -35,8 +35,9 @@ def test_every_rule_aggregates_the_finite_rows_told_f_minus_e(name, rows):
     rule = make_aggregator(name, 3 if name != "bulyan" else 2)
     keep = np.setdiff1d(np.arange(12), rows)
     got = rule.aggregate(poisoned(rows), reference=reference_for(rule), rng=np.random.default_rng(1))
-    want = rule.with_f(max(rule.f - len(rows), 0)).aggregate(X[keep], reference=reference_for(rule),
-                                                     rng=np.random.default_rng(1))
+    want = rule.with_f(max(rule.f - len(rows), 0)).aggregate(
+        X[keep], reference=reference_for(rule), rng=np.random.default_rng(1)
+    )
     assert got.vector.tobytes() == want.vector.tobytes()
     assert np.isfinite(got.vector).all()
     assert np.flatnonzero(got.excluded).tolist() == list(rows)
@@ -86,13 +87,33 @@ def test_nonfinite_attack_parameters():
         NonFinite(fraction=0)
 
 
-SMALL = ["--dataset", "synthetic", "--clients", "8", "--rounds", "4", "--eval-every", "2", "--quiet",
-         "--byzantine", "2", "--attack", "nonfinite", "--set", "attack.value=mixed", "--set", "attack.fraction=0.3"]
+SMALL = [
+    "--dataset",
+    "synthetic",
+    "--clients",
+    "8",
+    "--rounds",
+    "4",
+    "--eval-every",
+    "2",
+    "--quiet",
+    "--byzantine",
+    "2",
+    "--attack",
+    "nonfinite",
+    "--set",
+    "attack.value=mixed",
+    "--set",
+    "attack.fraction=0.3",
+]
 
 
 #: name -> (the rule's settings, whether the model stays finite)
 RULES = {
-    "server-mean": (["--topology", "server", "--aggregator", "mean"], True),  # excluded before the rule: even mean survives
+    "server-mean": (
+        ["--topology", "server", "--aggregator", "mean"],
+        True,
+    ),  # excluded before the rule: even mean survives
     "server-krum": (["--topology", "server", "--aggregator", "krum"], True),
     "brace": (["--aggregator", "brace", "--lr", "0.01", "--set", "brace.lambda=1"], True),  # sign_zero votes
     "ring-mean": (["--aggregator", "mean"], False),  # ring-all-reduce has no defence, but the run completes

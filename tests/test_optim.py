@@ -136,7 +136,7 @@ def test_fedadagrad_algorithm_2():
 
 
 def test_server_optimizer_settings_are_checked():
-    with pytest.raises(ConfigError, match="adam.beta2"):
+    with pytest.raises(ConfigError, match=r"adam\.beta2"):
         make_server_optimizer("adam", {"beta2": 1.0})
     with pytest.raises(ConfigError, match="adagrad"):
         make_server_optimizer("adagrad", {"beta2": 0.9})  # FedAdagrad has no beta2
@@ -183,11 +183,12 @@ def test_shards_partition_small_case():
     assert [p.tolist() for p in parts] == [sorted(shards[order[2 * c]] + shards[order[2 * c + 1]]) for c in range(3)]
     assert sorted(np.concatenate(parts).tolist()) == list(range(12))
     assert all(len(set(labels[p])) <= 2 for p in parts)
-    with pytest.raises(ConfigError, match="shards.per_client"):
+    with pytest.raises(ConfigError, match=r"shards\.per_client"):
         partition_shards(labels, 4, 4, np.random.default_rng(0))
     # through the run's partition(): drawn from the seed's partition stream, the same every time
-    assert [p.tolist() for p in partition(labels, 3, "shards", 0.5, seed=7, shards_per_client=2)] == \
-        [p.tolist() for p in partition(labels, 3, "shards", 0.5, seed=7, shards_per_client=2)]
+    assert [p.tolist() for p in partition(labels, 3, "shards", 0.5, seed=7, shards_per_client=2)] == [
+        p.tolist() for p in partition(labels, 3, "shards", 0.5, seed=7, shards_per_client=2)
+    ]
 
 
 def test_validation_split_is_disjoint_and_deterministic():

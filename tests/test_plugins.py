@@ -103,8 +103,17 @@ def test_import_paths_name_components_with_their_sections(tmp_path, lab):
     from fedring.aggregators import AGGREGATORS, make_aggregator
     from fedring.train.models import make_model, n_parameters
 
-    cfg = config(tmp_path, "--topology", "server", "--aggregator", f"{lab}:Trim", "--set", f"{lab}:Trim.beta=0.25",
-                 "--model", f"{lab}:Net")
+    cfg = config(
+        tmp_path,
+        "--topology",
+        "server",
+        "--aggregator",
+        f"{lab}:Trim",
+        "--set",
+        f"{lab}:Trim.beta=0.25",
+        "--model",
+        f"{lab}:Net",
+    )
     assert cfg.sections == {f"{lab}:Trim": {"beta": 0.25}} and cfg.plugins == []
     rule = make_aggregator(cfg.aggregator, 0, cfg.section(cfg.aggregator))
     assert type(rule) is AGGREGATORS[f"{lab}:Trim"] and rule.beta == 0.25
@@ -119,12 +128,20 @@ def test_import_path_in_a_toml_section_with_a_dotted_module(tmp_path, lab):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "rules.py").write_text(f"from {lab} import Trim\n")
-    (tmp_path / "c.toml").write_text('topology = "server"\naggregator = "pkg_of_lab.rules:Trim"\n'
-                                     '["pkg_of_lab.rules:Trim"]\nbeta = 0.3\n')
+    (tmp_path / "c.toml").write_text(
+        'topology = "server"\naggregator = "pkg_of_lab.rules:Trim"\n["pkg_of_lab.rules:Trim"]\nbeta = 0.3\n'
+    )
     cfg = config(tmp_path, "--config", str(tmp_path / "c.toml"))
     assert cfg.sections == {"pkg_of_lab.rules:Trim": {"beta": 0.3}}
-    cfg = config(tmp_path, "--topology", "server", "--aggregator", "pkg_of_lab.rules:Trim",
-                 "--set", "pkg_of_lab.rules:Trim.beta=0.3")
+    cfg = config(
+        tmp_path,
+        "--topology",
+        "server",
+        "--aggregator",
+        "pkg_of_lab.rules:Trim",
+        "--set",
+        "pkg_of_lab.rules:Trim.beta=0.3",
+    )
     assert cfg.sections == {"pkg_of_lab.rules:Trim": {"beta": 0.3}}
 
 
@@ -135,7 +152,8 @@ def test_every_component_key_takes_an_import_path(tmp_path, monkeypatch):
     from fedring.conformal.prism.attacks import CALIB_ATTACKS
     from fedring.datasets import DATASETS
 
-    (tmp_path / "kinds_lab.py").write_text(textwrap.dedent("""
+    (tmp_path / "kinds_lab.py").write_text(
+        textwrap.dedent("""
         from fedring.aggregators.preaggregators import Bucketing
         from fedring.comm.ring import RingAllReduce
         from fedring.conformal.prism.attacks import EfficiencyAttack
@@ -144,13 +162,18 @@ def test_every_component_key_takes_an_import_path(tmp_path, monkeypatch):
         class Pre(Bucketing): name = "my-pre"
         class Calib(EfficiencyAttack): name = "my-calib"
         class Data(Synthetic): name = "my-data"
-        """))
+        """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     config(tmp_path, "--aggregator", "kinds_lab:Ring", "--dataset", "kinds_lab:Data")
     config(tmp_path, "--topology", "server", "--pre-aggregators", "kinds_lab:Pre")
-    build_config(["--calib-attack", "kinds_lab:Calib", "--out", str(tmp_path / "p.h5")], 1,
-                 *_prism_parser())
-    for registry, name in ((RING_RULES, "Ring"), (PRE_AGGREGATORS, "Pre"), (DATASETS, "Data"), (CALIB_ATTACKS, "Calib")):
+    build_config(["--calib-attack", "kinds_lab:Calib", "--out", str(tmp_path / "p.h5")], 1, *_prism_parser())
+    for registry, name in (
+        (RING_RULES, "Ring"),
+        (PRE_AGGREGATORS, "Pre"),
+        (DATASETS, "Data"),
+        (CALIB_ATTACKS, "Calib"),
+    ):
         assert registry[f"kinds_lab:{name}"].__name__ == name
 
 
@@ -161,30 +184,73 @@ def _prism_parser():
     return section_parser("prism", PrismSettings, ""), "prism"
 
 
-@pytest.mark.parametrize("source,args,message", [
-    (None, ["--plugin", "no_such_lab"],
-     ("plugins: plugin module 'no_such_lab' not found on this rank's sys.path (install it, add its folder to "
-     "PYTHONPATH, or run from the folder that holds it; docs/tutorial.md)")),
-    ("raise RuntimeError('database not reachable')", ["--plugin", "{m}"],
-     "plugins: plugin module '{m}' raised on import: RuntimeError: database not reachable"),
-    ("import no_such_dependency_of_lab", ["--plugin", "{m}"],
-     "plugins: plugin module '{m}' raised on import: ModuleNotFoundError: No module named 'no_such_dependency_of_lab'"),
-    (("from fedring.attacks import ATTACKS\nfrom fedring.attacks.base import ModelAttack\n"
-     "@ATTACKS.register\nclass Nameless(ModelAttack): pass"), ["--plugin", "{m}"],
-     ("plugins: plugin module '{m}' raised on import: TypeError: Nameless needs a class attribute name, "
-     "a non-empty string without ':' (got None)")),
-    (("from fedring.attacks import ATTACKS\nfrom fedring.attacks.base import ModelAttack\n"
-     "@ATTACKS.register\nclass Gauss(ModelAttack): name = 'gaussian'"), ["--plugin", "{m}"],
-     "plugins: plugin module '{m}' raised on import: ValueError: two attacks are named 'gaussian': "),
-    ("class Rule: name = 'r'", ["--topology", "server", "--aggregator", "{m}:Rule"],
-     "aggregator: {m}:Rule: Rule is not one of fedring's aggregators: it must subclass fedring.aggregators.base.Aggregator"),
-    ("import math", ["--byzantine", "1", "--attack", "{m}:math"], "attack: {m}:math: a module, not a class"),
-    ("x = 1", ["--model", "{m}:Net"], "model: {m}:Net: module {m} has no 'Net'"),
-    ("from torch import nn\nclass Net(nn.Linear): name = 'n'", ["--model", "{m}:Net"],
-     "model: {m}:Net: Net needs the class attribute(s) input_shape of a model"),
-    (None, ["--plugin", "3d-lab"], "plugins: '3d-lab' is not a module name (package.module)"),
-], ids=["missing", "raises", "dependency", "nameless", "clash", "not-a-rule", "not-a-class", "no-attribute",
-        "no-input-shape", "not-a-name"])
+@pytest.mark.parametrize(
+    "source,args,message",
+    [
+        (
+            None,
+            ["--plugin", "no_such_lab"],
+            (
+                "plugins: plugin module 'no_such_lab' not found on this rank's sys.path (install it, add its folder to "
+                "PYTHONPATH, or run from the folder that holds it; docs/tutorial.md)"
+            ),
+        ),
+        (
+            "raise RuntimeError('database not reachable')",
+            ["--plugin", "{m}"],
+            "plugins: plugin module '{m}' raised on import: RuntimeError: database not reachable",
+        ),
+        (
+            "import no_such_dependency_of_lab",
+            ["--plugin", "{m}"],
+            "plugins: plugin module '{m}' raised on import: ModuleNotFoundError: No module named 'no_such_dependency_of_lab'",
+        ),
+        (
+            (
+                "from fedring.attacks import ATTACKS\nfrom fedring.attacks.base import ModelAttack\n"
+                "@ATTACKS.register\nclass Nameless(ModelAttack): pass"
+            ),
+            ["--plugin", "{m}"],
+            (
+                "plugins: plugin module '{m}' raised on import: TypeError: Nameless needs a class attribute name, "
+                "a non-empty string without ':' (got None)"
+            ),
+        ),
+        (
+            (
+                "from fedring.attacks import ATTACKS\nfrom fedring.attacks.base import ModelAttack\n"
+                "@ATTACKS.register\nclass Gauss(ModelAttack): name = 'gaussian'"
+            ),
+            ["--plugin", "{m}"],
+            "plugins: plugin module '{m}' raised on import: ValueError: two attacks are named 'gaussian': ",
+        ),
+        (
+            "class Rule: name = 'r'",
+            ["--topology", "server", "--aggregator", "{m}:Rule"],
+            "aggregator: {m}:Rule: Rule is not one of fedring's aggregators: it must subclass fedring.aggregators.base.Aggregator",
+        ),
+        ("import math", ["--byzantine", "1", "--attack", "{m}:math"], "attack: {m}:math: a module, not a class"),
+        ("x = 1", ["--model", "{m}:Net"], "model: {m}:Net: module {m} has no 'Net'"),
+        (
+            "from torch import nn\nclass Net(nn.Linear): name = 'n'",
+            ["--model", "{m}:Net"],
+            "model: {m}:Net: Net needs the class attribute(s) input_shape of a model",
+        ),
+        (None, ["--plugin", "3d-lab"], "plugins: '3d-lab' is not a module name (package.module)"),
+    ],
+    ids=[
+        "missing",
+        "raises",
+        "dependency",
+        "nameless",
+        "clash",
+        "not-a-rule",
+        "not-a-class",
+        "no-attribute",
+        "no-input-shape",
+        "not-a-name",
+    ],
+)
 def test_a_bad_plugin_is_one_config_error_naming_it(tmp_path, monkeypatch, request, source, args, message):
     module = f"bad_{request.node.callspec.id.replace('-', '_')}"
     if source is not None:
@@ -215,24 +281,52 @@ def test_entry_points_are_loaded_at_start(tmp_path, monkeypatch):
     (dist / "entry_points.txt").write_text("[fedring.plugins]\nbroken = ep_broken\n")
     (tmp_path / "ep_broken.py").write_text("raise ImportError('needs a GPU')\n")
     monkeypatch.setattr(plugins, "_entry_points_loaded", False)
-    with pytest.raises(ConfigError, match=r"^plugins: entry point broken = ep_broken of lab-dist \(fedring.plugins\) "
-                                          r"failed to load: ImportError: needs a GPU$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^plugins: entry point broken = ep_broken of lab-dist \(fedring.plugins\) "
+        r"failed to load: ImportError: needs a GPU$",
+    ):
         config(tmp_path)
 
 
 def test_multi_rank_bad_plugin_stops_every_rank_with_one_message_and_no_file(tmp_path):
     if MPIEXEC is None:
         pytest.skip("mpiexec not found")
-    (tmp_path / "raising_lab.py").write_text("import os\nif os.environ.get('PMI_RANK') == '1':\n"
-                                             "    raise RuntimeError('only rank 1 fails')\n")
+    (tmp_path / "raising_lab.py").write_text(
+        "import os\nif os.environ.get('PMI_RANK') == '1':\n    raise RuntimeError('only rank 1 fails')\n"
+    )
     out = tmp_path / "r.h5"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "fedring", "run", "--plugin", "raising_lab",
-                           "--dataset", "synthetic", "--rounds", "2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env, check=False)
+    proc = subprocess.run(
+        [
+            MPIEXEC,
+            "-n",
+            "2",
+            sys.executable,
+            "-m",
+            "fedring",
+            "run",
+            "--plugin",
+            "raising_lab",
+            "--dataset",
+            "synthetic",
+            "--rounds",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip() == ("fedring: error (on rank 1): plugins: plugin module 'raising_lab' raised on import: "
-                                   "RuntimeError: only rank 1 fails")
+    assert proc.stderr.strip() == (
+        "fedring: error (on rank 1): plugins: plugin module 'raising_lab' raised on import: "
+        "RuntimeError: only rank 1 fails"
+    )
     assert proc.stdout == "" and not out.exists()
 
 
@@ -241,7 +335,8 @@ def test_resume_imports_the_plugins_stored_in_the_file(tmp_path):
     if MPIEXEC is None:
         pytest.skip("mpiexec not found")
     (tmp_path / "resume_lab.py").write_text(LAB.format(prefix="resume_lab"))
-    (tmp_path / "crash.py").write_text(textwrap.dedent("""
+    (tmp_path / "crash.py").write_text(
+        textwrap.dedent("""
         import sys
         import fedring.train.loop as training
         original = training.train_round
@@ -252,15 +347,41 @@ def test_resume_imports_the_plugins_stored_in_the_file(tmp_path):
         training.train_round = train_round
         from fedring.cli import main
         sys.exit(main(sys.argv[1:]))
-        """))
-    common = ["--dataset", "synthetic", "--clients", "4", "--rounds", "6", "--eval-every", "3", "--checkpoint-every", "2",
-              "--byzantine", "1", "--attack", "resume_labnegate", "--topology", "server", "--aggregator", "resume_lab:Trim",
-              "--quiet"]
+        """)
+    )
+    common = [
+        "--dataset",
+        "synthetic",
+        "--clients",
+        "4",
+        "--rounds",
+        "6",
+        "--eval-every",
+        "3",
+        "--checkpoint-every",
+        "2",
+        "--byzantine",
+        "1",
+        "--attack",
+        "resume_labnegate",
+        "--topology",
+        "server",
+        "--aggregator",
+        "resume_lab:Trim",
+        "--quiet",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def launch(*args, script=("-m", "fedring")):
-        return subprocess.run([MPIEXEC, "-n", "2", sys.executable, *script, "run", *args], capture_output=True,
-                              text=True, timeout=180, cwd=tmp_path, env=env, check=False)
+        return subprocess.run(
+            [MPIEXEC, "-n", "2", sys.executable, *script, "run", *args],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=tmp_path,
+            env=env,
+            check=False,
+        )
 
     whole = launch("--plugin", "resume_lab", *common, "--out", "whole.h5")
     assert whole.returncode == 0, whole.stderr

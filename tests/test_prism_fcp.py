@@ -114,8 +114,10 @@ def test_attacks_exact():
     assert pf.CoverageAttack(10)(s, None, benign_mean=0.5).tolist() == [[5, 5], [5, 5]]
     r = pf.RandomAttack(0.5)(np.zeros((1, 10000)), np.random.default_rng(3))
     assert r.min() == 0.0 and (r == 0).mean() > 0.45  # clipped at 0 (about half)
-    np.testing.assert_array_equal(pf.RandomAttack(0.5)(s, np.random.default_rng(4)),
-                                  np.maximum(s + math.sqrt(0.5) * np.random.default_rng(4).standard_normal(s.shape), 0))
+    np.testing.assert_array_equal(
+        pf.RandomAttack(0.5)(s, np.random.default_rng(4)),
+        np.maximum(s + math.sqrt(0.5) * np.random.default_rng(4).standard_normal(s.shape), 0),
+    )
     for bad in (lambda: pf.CoverageAttack(0), lambda: pf.RandomAttack(-1)):
         with pytest.raises(ConfigError):
             bad()
@@ -166,7 +168,7 @@ def test_P1_partial_sharing_attenuates_injected_energy():
     idx = selection_masks(rng, n, D, M)
     delta = math.sqrt(var) * rng.standard_normal((n, D))
     energy = (np.take_along_axis(delta, idx, axis=1) ** 2).sum(axis=1)
-    full = (delta ** 2).sum(axis=1)
+    full = (delta**2).sum(axis=1)
     tau = rng.random(n) < pa
     # 99.9% two-sided normal bands (the CLT is accurate at n = 1e5)
     z = stats.norm.ppf(1 - 1e-3 / 2)
@@ -204,7 +206,7 @@ def test_P8_histogram_concentration():
     rng = np.random.default_rng(8)
     dev = np.linalg.norm(pf.characterization_vectors(np.abs(rng.standard_normal((trials, N))), 3.0, H) - p, axis=1)
     for eps in (0.1, 0.2, 0.3):
-        bound = 2 * H * math.exp(-N * eps ** 2 / 3)
+        bound = 2 * H * math.exp(-N * eps**2 / 3)
         freq = (dev >= eps).mean()
         assert freq <= min(bound, 1.0) + 4 * math.sqrt(0.25 / trials)
 
@@ -226,7 +228,7 @@ def test_P9_drift_bound():
     for norm_e in (1e-4, 1e-3, 1e-2, 0.1, 1.0):
         e = rng.standard_normal(D)
         e *= norm_e / np.linalg.norm(e)
-        gap = np.linalg.norm(hist(math.sqrt(sigma ** 2 + s ** 2 * norm_e ** 2)) - hist(sigma))
+        gap = np.linalg.norm(hist(math.sqrt(sigma**2 + s**2 * norm_e**2)) - hist(sigma))
         bound = 2 * math.sqrt(2 * (H + 1)) * math.sqrt(2 / math.pi) / sigma * s * math.sqrt(D) * norm_e
         assert gap <= bound
 
@@ -269,14 +271,26 @@ def test_P13_coverage_bounds_monotone_and_vacuous():
 # ---- settings ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key,kw", [
-    ("prism.shared", {"shared": 0}), ("prism.shared", {"shared": 51}), ("prism.participants", {"participants": 101}),
-    ("prism.byzantine", {"byzantine": 100}), ("prism.step", {"step": -1.0}), ("prism.alpha", {"alpha": 1.0}),
-    ("prism.filter", {"filter": "krum"}), ("prism.byz_persist", {"byz_persist": "yes"}), ("prism.bins", {"bins": 0}),
-    ("prism.attack_prob", {"attack_prob": 2.0}), ("prism.coverage_on", {"coverage_on": "some"}),
-    ("prism.input_var", {"input_var": [0.2]}), ("prism.noise_var", {"noise_var": [0.02, 0.01]}),
-    ("prism.calib_attack", {"calib_attack": "coverag"}), ("prism.dim", {"dataset": "uci", "dim": 50, "standin": True}),
-])
+@pytest.mark.parametrize(
+    "key,kw",
+    [
+        ("prism.shared", {"shared": 0}),
+        ("prism.shared", {"shared": 51}),
+        ("prism.participants", {"participants": 101}),
+        ("prism.byzantine", {"byzantine": 100}),
+        ("prism.step", {"step": -1.0}),
+        ("prism.alpha", {"alpha": 1.0}),
+        ("prism.filter", {"filter": "krum"}),
+        ("prism.byz_persist", {"byz_persist": "yes"}),
+        ("prism.bins", {"bins": 0}),
+        ("prism.attack_prob", {"attack_prob": 2.0}),
+        ("prism.coverage_on", {"coverage_on": "some"}),
+        ("prism.input_var", {"input_var": [0.2]}),
+        ("prism.noise_var", {"noise_var": [0.02, 0.01]}),
+        ("prism.calib_attack", {"calib_attack": "coverag"}),
+        ("prism.dim", {"dataset": "uci", "dim": 50, "standin": True}),
+    ],
+)
 def test_config_errors_name_the_setting(key, kw):
     with pytest.raises(ConfigError) as e:
         settings(**kw)
@@ -308,9 +322,12 @@ def test_calibration_attack_registry():
     assert pf.make_calib_attack("random", {"variance": 0.25}).std == 0.5
     benign = pf.make_calib_attack("coverage", {"mean": "benign"})
     assert benign.knowledge == "omniscient" and pf.make_calib_attack("coverage").knowledge == "own"
-    for name, params, key in (("coverage", {"factr": 1.0}, "coverage.factr"),
-                              ("coverage", {"mean": "all"}, "coverage.mean"),
-                              ("random", {"variance": -1.0}, "random.variance"), ("krum", {}, "prism.calib_attack")):
+    for name, params, key in (
+        ("coverage", {"factr": 1.0}, "coverage.factr"),
+        ("coverage", {"mean": "all"}, "coverage.mean"),
+        ("random", {"variance": -1.0}, "random.variance"),
+        ("krum", {}, "prism.calib_attack"),
+    ):
         with pytest.raises(ConfigError) as e:
             pf.make_calib_attack(name, params)
         assert e.value.key == key

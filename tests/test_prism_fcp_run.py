@@ -36,10 +36,37 @@ from fedring.conformal.prism.uci import (
 from fedring.conformal.trials import read_calibration
 from fedring.errors import ConfigError
 
-TINY = dict(clients=12, participants=4, dim=6, shared=2, iterations=60, byzantine=3,
-            calib_samples=200, test_samples=100, bins=20)
-TINY_ARGS = ["--clients", "12", "--participants", "4", "--dim", "6", "--shared", "2", "--iterations", "60",
-             "--byzantine", "3", "--calib-samples", "200", "--test-samples", "100", "--bins", "20"]
+TINY = dict(
+    clients=12,
+    participants=4,
+    dim=6,
+    shared=2,
+    iterations=60,
+    byzantine=3,
+    calib_samples=200,
+    test_samples=100,
+    bins=20,
+)
+TINY_ARGS = [
+    "--clients",
+    "12",
+    "--participants",
+    "4",
+    "--dim",
+    "6",
+    "--shared",
+    "2",
+    "--iterations",
+    "60",
+    "--byzantine",
+    "3",
+    "--calib-samples",
+    "200",
+    "--test-samples",
+    "100",
+    "--bins",
+    "20",
+]
 
 
 def network(n_clients: int) -> Network:
@@ -122,9 +149,16 @@ def test_lms_learns_without_attack(net):
 
 
 def _cases(cfg, attacks=("efficiency", "coverage", "random")):
-    return [case(a, m, s, r) for a in attacks
-            for m, s, r in (("prism", cfg.shared, "known"), ("prism", cfg.dim, "known"),
-                            ("robfcp", cfg.dim, "known"), ("fcp", cfg.dim, None))]
+    return [
+        case(a, m, s, r)
+        for a in attacks
+        for m, s, r in (
+            ("prism", cfg.shared, "known"),
+            ("prism", cfg.dim, "known"),
+            ("robfcp", cfg.dim, "known"),
+            ("fcp", cfg.dim, None),
+        )
+    ]
 
 
 def test_common_random_numbers_C3_C4(net):
@@ -163,8 +197,12 @@ def test_fcp_breaks_and_prism_holds_under_attack():
             assert 0.88 < v < 0.92
     # deterministic attacks are always caught; the random one (sigma_C = 0.5) only once the
     # model is trained well enough for benign scores to be small (not in 60 iterations)
-    assert all(r["tp"][i] == 8 and r["fp"][i] == 0 for r in recs for i, c in enumerate(cases)
-               if c["filter"] and c["attack"] != "random")
+    assert all(
+        r["tp"][i] == 8 and r["fp"][i] == 0
+        for r in recs
+        for i, c in enumerate(cases)
+        if c["filter"] and c["attack"] != "random"
+    )
 
 
 def test_calibration_speed():
@@ -210,8 +248,17 @@ def test_uci_loader_and_split(uci_dir):
 
 
 def test_uci_trial(uci_dir):
-    cfg = settings(dataset="uci", data_dir=str(uci_dir), clients=10, participants=4, byzantine=2,
-                   iterations=100, calib_samples=100, test_samples=100, shared=20)
+    cfg = settings(
+        dataset="uci",
+        data_dir=str(uci_dir),
+        clients=10,
+        participants=4,
+        byzantine=2,
+        iterations=100,
+        calib_samples=100,
+        test_samples=100,
+        shared=20,
+    )
     data = load_superconductivity(uci_dir)
     cases = [case("coverage", "prism", 20, "known"), case("coverage", "fcp", 81, None)]
     rec = run_trial(cfg, cases, 0, 0, network(10), data)
@@ -249,12 +296,23 @@ def test_cli_writes_hdf5_and_refuses_overwrite(tmp_path, fedring_cli):
     prism(1, *args)
     attrs, rows = read_calibration(out)
     assert attrs["size_kind"] == "interval width" and attrs["alpha"] == 0.1
-    assert attrs["cases"] == [{"label": "efficiency/prism/M=2", "method": "prism", "attack": "efficiency",
-                               "shared": 2, "filter": "known"}]
+    assert attrs["cases"] == [
+        {"label": "efficiency/prism/M=2", "method": "prism", "attack": "efficiency", "shared": 2, "filter": "known"}
+    ]
     assert attrs["settings"]["clients"] == 12 and attrs["settings"]["profile"] == "paper-fit"
     assert rows["trial"].tolist() == [0, 1]
-    for name in ("coverage", "size", "threshold", "mse_db", "tp", "fp", "bytes_train_up", "bytes_train_down",
-                 "bytes_calib_up", "bytes_calib_down"):
+    for name in (
+        "coverage",
+        "size",
+        "threshold",
+        "mse_db",
+        "tp",
+        "fp",
+        "bytes_train_up",
+        "bytes_train_down",
+        "bytes_calib_up",
+        "bytes_calib_down",
+    ):
         assert rows[name].shape == (2, 1), name
     assert rows["flagged"].shape == (2, 1, 12) and rows["flagged"].dtype == np.uint8
     assert (rows["tp"] == 3).all() and (rows["fp"] == 0).all()
@@ -268,10 +326,20 @@ def test_cli_writes_hdf5_and_refuses_overwrite(tmp_path, fedring_cli):
     prism(1, *args, "--overwrite")
 
 
-@pytest.mark.parametrize("bad", [["--shared", "99"], ["--trials", "0"], ["--method", "krum"],
-                                 ["--dataset", "uci"], ["--dataset", "uci", "--data-dir", "/nonexistent"],
-                                 ["--byz-persist", "maybe"], ["--clients", "12", "--byzantine", "12"],
-                                 ["--set", "coverage.factor=0"], ["--set", "krum.variant=byzfl"]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--shared", "99"],
+        ["--trials", "0"],
+        ["--method", "krum"],
+        ["--dataset", "uci"],
+        ["--dataset", "uci", "--data-dir", "/nonexistent"],
+        ["--byz-persist", "maybe"],
+        ["--clients", "12", "--byzantine", "12"],
+        ["--set", "coverage.factor=0"],
+        ["--set", "krum.variant=byzfl"],
+    ],
+)
 def test_cli_rejects_bad_settings(bad, tmp_path, fedring_cli):
     proc = fedring_cli("conformal", "prism", *TINY_ARGS, "--quiet", *bad, "--out", tmp_path / "x.h5")
     assert proc.returncode == 2 and "error" in proc.stderr and "Traceback" not in proc.stderr
@@ -317,8 +385,9 @@ def test_resume_after_a_failure_ends_with_the_rows_of_an_uninterrupted_run(tmp_p
     script, out = tmp_path / "crash.py", tmp_path / "resumed.h5"
     script.write_text(CRASH_AT_TRIAL)
     ranks = 2 if MPIEXEC else 1
-    proc = run_mpi(ranks, [str(script), "2", "conformal", "prism", *TINY_ARGS, "--quiet", *args, "--out", str(out)],
-                   check=False)
+    proc = run_mpi(
+        ranks, [str(script), "2", "conformal", "prism", *TINY_ARGS, "--quiet", *args, "--out", str(out)], check=False
+    )
     assert proc.returncode != 0 and "injected failure on purpose" in proc.stderr
     wait_for_unlock(out)
     with h5py.File(out) as f:
@@ -333,13 +402,29 @@ def test_toml_settings_run_through_fedring_run(tmp_path):
     the command-line spelling; the attack's parameter takes effect."""
     toml = tmp_path / "x.toml"
     values = "\n".join(f"{k} = {json.dumps(v)}" for k, v in TINY.items())
-    toml.write_text(f'task = "prism"\nseed = 3\n\n[prism]\n{values}\nmethod = "fcp"\ncalib_attack = "coverage"\n'
-                    'trials = 2\n\n[coverage]\nfactor = 5.0\n')
-    args = ["conformal", "prism", *TINY_ARGS, "--quiet", "--method", "fcp", "--calib-attack", "coverage", "--trials",
-            "2", "--seed", "3"]
-    runs = {"toml": ["run", "--config", toml, "--out", tmp_path / "toml.h5"],  # the one run that prints its banner
-            "cli": [*args, "--set", "coverage.factor=5", "--out", tmp_path / "cli.h5"],
-            "ten": [*args, "--out", tmp_path / "ten.h5"]}
+    toml.write_text(
+        f'task = "prism"\nseed = 3\n\n[prism]\n{values}\nmethod = "fcp"\ncalib_attack = "coverage"\n'
+        "trials = 2\n\n[coverage]\nfactor = 5.0\n"
+    )
+    args = [
+        "conformal",
+        "prism",
+        *TINY_ARGS,
+        "--quiet",
+        "--method",
+        "fcp",
+        "--calib-attack",
+        "coverage",
+        "--trials",
+        "2",
+        "--seed",
+        "3",
+    ]
+    runs = {
+        "toml": ["run", "--config", toml, "--out", tmp_path / "toml.h5"],  # the one run that prints its banner
+        "cli": [*args, "--set", "coverage.factor=5", "--out", tmp_path / "cli.h5"],
+        "ten": [*args, "--out", tmp_path / "ten.h5"],
+    }
     codes, proc = fedring_many(1, runs, tmp_path)  # one after the other in one process
     assert codes == dict.fromkeys(runs, 0)
     assert "fedring: prism: FCP (M=6 of D=6), calibration attack coverage; 12 clients on 1 rank" in proc.stdout
@@ -353,8 +438,9 @@ def test_toml_settings_run_through_fedring_run(tmp_path):
 def test_P14_partial_sharing_lowers_mse_and_width():
     """Table I: under the training attack, M/D < 1 gives a smaller parameter MSE
     and narrower intervals than full sharing (here by > 3 dB in each of 3 trials)."""
-    cfg = settings(clients=50, participants=10, dim=20, shared=6, iterations=600, byzantine=10, calib_samples=300,
-                   test_samples=200)
+    cfg = settings(
+        clients=50, participants=10, dim=20, shared=6, iterations=600, byzantine=10, calib_samples=300, test_samples=200
+    )
     net = network(50)
     cases = [case("efficiency", "prism", 6, "known"), case("efficiency", "robfcp", 20, "known")]
     for t in range(3):

@@ -24,13 +24,13 @@ PROGRESS = re.compile(r"round (\d+)/(\d+)\s+test_acc (\d\.\d{4})\s+bytes_sent_to
 def tour_commands() -> list[tuple[list[str], str, str]]:
     """(argv, expected test_acc, expected bytes_sent_total) of every tour command with its last line."""
     text = TOUR.read_text()
-    tour = text[text.index("## A five-minute tour"):text.index("## Module map")]
+    tour = text[text.index("## A five-minute tour") : text.index("## Module map")]
     lines = tour.splitlines()
     out = []
     for i, line in enumerate(lines):
         if line.startswith("$ mpiexec -n 2 python -m fedring run "):
             quoted = []  # the command's output: up to the next command or the end of the block
-            for after in lines[i + 1:]:
+            for after in lines[i + 1 :]:
                 if after.startswith(("$ ", "```")):
                     break
                 quoted += [m for m in [PROGRESS.match(after)] if m]
@@ -42,7 +42,7 @@ def test_the_tour_quotes_its_commands():
     commands = tour_commands()
     assert len(commands) == 4  # one run, then the mean, BRACE and the median under the same attack
     attack = [argv for argv, _, _ in commands if "--attack" in argv]
-    assert len(attack) == 3 and len({tuple(a[:a.index("--eval-every") + 2]) for a in attack}) == 1
+    assert len(attack) == 3 and len({tuple(a[: a.index("--eval-every") + 2]) for a in attack}) == 1
 
 
 @pytest.mark.slow

@@ -16,8 +16,19 @@ import pytest
 from conftest import MPIEXEC, ROOT, fedring, mpi_env, run_mpi, wait_for_unlock
 
 RUN = ["--dataset", "synthetic", "--clients", "4", "--rounds", "3", "--eval-every", "1", "--quiet"]
-LONG = ["--dataset", "synthetic", "--clients", "4", "--rounds", "30", "--eval-every", "1", "--checkpoint-every", "2",
-        "--quiet"]
+LONG = [
+    "--dataset",
+    "synthetic",
+    "--clients",
+    "4",
+    "--rounds",
+    "30",
+    "--eval-every",
+    "1",
+    "--checkpoint-every",
+    "2",
+    "--quiet",
+]
 
 
 def said_once(proc, text):
@@ -83,11 +94,16 @@ def test_sweep_refuses_to_run_under_mpiexec(tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("args,text", [
-    (["conformal", "labelshift", "--trials", "2"], "ranks: the gaussians experiment has 2 agents"),
-    (["conformal", "prism", "--clients", "3", "--participants", "2", "--byzantine", "1"],
-     "clients: 3 clients on 4 MPI ranks: need clients >= ranks"),
-])
+@pytest.mark.parametrize(
+    "args,text",
+    [
+        (["conformal", "labelshift", "--trials", "2"], "ranks: the gaussians experiment has 2 agents"),
+        (
+            ["conformal", "prism", "--clients", "3", "--participants", "2", "--byzantine", "1"],
+            "clients: 3 clients on 4 MPI ranks: need clients >= ranks",
+        ),
+    ],
+)
 def test_conformal_setting_errors_exit_2_on_every_rank(tmp_path, args, text):
     """The one multi-rank settings error of each conformal task: one wrong for the number of ranks."""
     proc = fedring(4, *args, "--out", str(tmp_path / "c.h5"), check=False, timeout=120)
@@ -123,8 +139,14 @@ def start_hung_job(tmp_path, grace: float):
     script, pid_file, out = tmp_path / "hang.py", tmp_path / "pid", tmp_path / "hang.h5"
     script.write_text(HANG)
     args = [*LONG, "--set", f"stop_grace={grace}", "--out", str(out)]
-    proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, str(script), str(pid_file), *args], cwd=ROOT,
-                            env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [MPIEXEC, "-n", "2", sys.executable, str(script), str(pid_file), *args],
+        cwd=ROOT,
+        env=mpi_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     t0 = time.monotonic()
     while not pid_file.exists() or not pid_file.read_text():
         assert time.monotonic() - t0 < 60 and proc.poll() is None, "the job did not reach the hang"
@@ -183,8 +205,14 @@ def test_a_second_signal_aborts_at_once(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_checkpoints_and_exits_75(tmp_path):
     out = tmp_path / "c.h5"
-    proc = subprocess.Popen([sys.executable, "-m", "fedring", *LONG[:-1], "--rounds", "100000", "--out", str(out)], cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedring", *LONG[:-1], "--rounds", "100000", "--out", str(out)],
+        cwd=ROOT,
+        env=mpi_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().startswith("fedring: train: ring topology")  # the banner, then
     assert proc.stdout.readline().startswith("round")  # the first round
     proc.send_signal(signal.SIGINT)
@@ -210,8 +238,12 @@ def test_a_results_file_that_cannot_grow_fails_clearly_and_keeps_every_round(tmp
     would pass the limit minus the reserve, so the job stops with one message before writing."""
     script, out = tmp_path / "fsize.py", tmp_path / "x.h5"
     script.write_text(FSIZE_LIMIT)
-    proc = run_mpi(2, [str(script), str(3 << 20), *LONG[:-1], "--rounds", "400", "--checkpoint-every", "5",
-                       "--out", str(out)], check=False, timeout=120)
+    proc = run_mpi(
+        2,
+        [str(script), str(3 << 20), *LONG[:-1], "--rounds", "400", "--checkpoint-every", "5", "--out", str(out)],
+        check=False,
+        timeout=120,
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert f"fedring: error (rank 0): {out} cannot grow: 1.5 MiB left for it" in proc.stderr
     with h5py.File(out, "r") as f:

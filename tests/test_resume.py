@@ -14,8 +14,19 @@ from conftest import MPIEXEC, ROOT, crash_at_round, fedring, fedring_many, mpi_e
 
 from fedring.results import read_checkpoint
 
-RUN = ["--dataset", "synthetic", "--clients", "4", "--rounds", "7", "--eval-every", "2",
-       "--checkpoint-every", "2", "--quiet"]
+RUN = [
+    "--dataset",
+    "synthetic",
+    "--clients",
+    "4",
+    "--rounds",
+    "7",
+    "--eval-every",
+    "2",
+    "--checkpoint-every",
+    "2",
+    "--quiet",
+]
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -35,7 +46,16 @@ def snapshot(path):
 RULES = {
     "cclip": ["--topology", "server", "--aggregator", "cclip"],
     "fldetector": ["--topology", "server", "--aggregator", "fldetector"],
-    "brace": ["--aggregator", "brace", "--byzantine", "2", "--set", "brace.relay_attack=flip", "--set", "brace.check=on"],
+    "brace": [
+        "--aggregator",
+        "brace",
+        "--byzantine",
+        "2",
+        "--set",
+        "brace.relay_attack=flip",
+        "--set",
+        "brace.check=on",
+    ],
 }
 
 
@@ -102,8 +122,14 @@ def test_signal_checkpoints_and_exits_75_then_resumes(tmp_path, reference):
         pytest.skip("mpiexec not found")
     out = tmp_path / "run.h5"
     slow = [*RUN[:5], "400", *RUN[6:-1]]  # many rounds, so the signal lands mid-run; progress lines on
-    proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "fedring", *slow, "--out", str(out)],
-                            env=mpi_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [MPIEXEC, "-n", "2", sys.executable, "-m", "fedring", *slow, "--out", str(out)],
+        env=mpi_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for_round(proc, 4)
     proc.send_signal(signal.SIGUSR1)  # mpiexec forwards it to the ranks
     _, stderr = proc.communicate(timeout=60)
@@ -121,9 +147,15 @@ def test_kill_9_then_resume_from_last_checkpoint(tmp_path, reference):
     if MPIEXEC is None:
         pytest.skip("mpiexec not found")
     out = tmp_path / "run.h5"
-    proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "fedring", *RUN[:-1], "--out", str(out)],
-                            env=mpi_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [MPIEXEC, "-n", "2", sys.executable, "-m", "fedring", *RUN[:-1], "--out", str(out)],
+        env=mpi_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     wait_for_round(proc, 4)
     # SIGKILL to the launcher and every rank (the ranks carry the output path on their command line)
     subprocess.run(["pkill", "-KILL", "-f", str(out)], check=False)
@@ -152,9 +184,12 @@ def test_resume_from_the_file_alone(tmp_path, reference):
     with h5py.File(out, "r") as f:
         done = read_checkpoint(f)[1]["round"]
     proc = fedring(1, "run", "--out", str(out), "--resume", "--rounds", "8", check=False)
-    assert proc.returncode == 2 and proc.stderr.startswith(f"fedring: error: resume: {out} was written with other "
-                                                           "settings (file -> given): rounds: 7 -> 8; leave them out")
-    proc = fedring(2, "run", "--out", str(out), "--resume", "--quiet", "--checkpoint-every", "1")  # run control may change
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        f"fedring: error: resume: {out} was written with other settings (file -> given): rounds: 7 -> 8; leave them out"
+    )
+    proc = fedring(
+        2, "run", "--out", str(out), "--resume", "--quiet", "--checkpoint-every", "1"
+    )  # run control may change
     assert proc.stdout == "" and snapshot(out) == reference
     out.unlink()
     crash_at_round(tmp_path, 1, 5, [*RUN, "--out", str(out)])

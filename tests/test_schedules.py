@@ -8,8 +8,23 @@ from conftest import crash_at_round, fedring, fedring_many
 from fedring.errors import ConfigError
 from fedring.train.schedules import make_schedule
 
-BRACE = ["--dataset", "synthetic", "--clients", "8", "--rounds", "40", "--eval-every", "10", "--quiet",
-         "--aggregator", "brace", "--lr", "0.01", "--set", "brace.lambda=1"]
+BRACE = [
+    "--dataset",
+    "synthetic",
+    "--clients",
+    "8",
+    "--rounds",
+    "40",
+    "--eval-every",
+    "10",
+    "--quiet",
+    "--aggregator",
+    "brace",
+    "--lr",
+    "0.01",
+    "--set",
+    "brace.lambda=1",
+]
 
 
 def test_schedule_factors_by_hand():
@@ -21,14 +36,17 @@ def test_schedule_factors_by_hand():
     assert [cosine.factor(t, 4) for t in (0, 2, 4)] == [1.0, 0.6000000000000001, 0.2]
 
 
-@pytest.mark.parametrize("name,params,key", [
-    ("linear", {}, "lr_schedule: unknown lr_schedule 'linear'; allowed: constant, cosine, invsqrt, step"),
-    ("step", {"milestones": [1.5]}, "step.milestones: must be in (0, 1], got 1.5"),
-    ("step", {"gamma": 0}, "step.gamma: must be > 0"),
-    ("step", {"every": 3}, "step.every: unknown parameter of lr_schedule step; allowed: milestones, gamma"),
-    ("invsqrt", {"tau": -1}, "invsqrt.tau: must be > 0"),
-    ("cosine", {"final": 2}, "cosine.final: must be in [0, 1], got 2.0"),
-])
+@pytest.mark.parametrize(
+    "name,params,key",
+    [
+        ("linear", {}, "lr_schedule: unknown lr_schedule 'linear'; allowed: constant, cosine, invsqrt, step"),
+        ("step", {"milestones": [1.5]}, "step.milestones: must be in (0, 1], got 1.5"),
+        ("step", {"gamma": 0}, "step.gamma: must be > 0"),
+        ("step", {"every": 3}, "step.every: unknown parameter of lr_schedule step; allowed: milestones, gamma"),
+        ("invsqrt", {"tau": -1}, "invsqrt.tau: must be > 0"),
+        ("cosine", {"final": 2}, "cosine.final: must be in [0, 1], got 2.0"),
+    ],
+)
 def test_schedule_errors_name_the_setting(name, params, key):
     with pytest.raises(ConfigError) as e:
         make_schedule(name, params)
@@ -46,7 +64,7 @@ def test_step_schedule_is_applied_stored_and_resumed_bit_exact(tmp_path):
     args = [*BRACE, "--lr-schedule", "step", "--set", "step.milestones=[0.5]", "--checkpoint-every", "5"]
     full = tmp_path / "full.h5"
     fedring(2, *args, "--out", str(full))
-    lr, = metrics(full, "metrics/lr")
+    (lr,) = metrics(full, "metrics/lr")
     assert lr.tolist() == [0.01, 0.01, 0.001, 0.001]  # rounds 10, 20 (t = 19 < 20), 30, 40
     part = tmp_path / "part.h5"
     crash_at_round(tmp_path, 2, 27, [*args, "--out", str(part)])
@@ -66,8 +84,9 @@ def test_paper_rule_drifts_and_the_symmetric_rule_does_not(tmp_path):
     drift, fractions = {}, {}
     for rule in rules:
         out = tmp_path / f"{rule}.h5"
-        drift[rule], plus, minus, zero = metrics(out, "metrics/weight_mean_change", "brace/plus_fraction",
-                                                 "brace/minus_fraction", "brace/zero_fraction")
+        drift[rule], plus, minus, zero = metrics(
+            out, "metrics/weight_mean_change", "brace/plus_fraction", "brace/minus_fraction", "brace/zero_fraction"
+        )
         assert plus.shape == (40,) and np.allclose(plus + minus + zero, 1.0)
         fractions[rule] = (plus.mean(), minus.mean(), zero.mean())
     assert np.all(np.diff(drift["paper"]) > 0) and drift["paper"][-1] > 0.05  # of at most 40 * 0.01

@@ -78,7 +78,9 @@ def wait_for(what: str, predicate, timeout: float, interval: float = 0.5):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def sbatch_wait(args: list[str], tmp_path: Path, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def sbatch_wait(
+    args: list[str], tmp_path: Path, env: dict | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """``sbatch --wait``: returns when the job ends, with its exit code."""
     cmd = ["sbatch", "--wait", "--parsable", *args]
     try:
@@ -94,8 +96,22 @@ def test_world_size_mismatch_fails_loudly(slurm, tmp_path):
     env["FEDRING_SRUN_MPI"] = "none"
     log = tmp_path / "job.out"
     out = tmp_path / "r.h5"
-    proc = sbatch_wait(["--job-name=fedring-test", "--ntasks=2", f"--output={log}", str(JOBS / "run.sbatch"),
-                        "--dataset", "synthetic", "--rounds", "2", "--out", str(out)], tmp_path, env)
+    proc = sbatch_wait(
+        [
+            "--job-name=fedring-test",
+            "--ntasks=2",
+            f"--output={log}",
+            str(JOBS / "run.sbatch"),
+            "--dataset",
+            "synthetic",
+            "--rounds",
+            "2",
+            "--out",
+            str(out),
+        ],
+        tmp_path,
+        env,
+    )
     text = log.read_text()
     assert proc.returncode == 1, text
     assert "MPI world size is 1 but SLURM_NTASKS=2" in text
@@ -107,8 +123,22 @@ def test_run_script_with_mpiexec_then_skips_complete_file(slurm, tmp_path):
     env = job_env()
     env["FEDRING_LAUNCHER"] = "mpiexec"
     out = tmp_path / "r.h5"
-    args = ["--job-name=fedring-test", "--ntasks=2", f"--output={tmp_path / 'job.out'}", str(JOBS / "run.sbatch"),
-            "--dataset", "synthetic", "--clients", "3", "--rounds", "3", "--eval-every", "1", "--out", str(out)]
+    args = [
+        "--job-name=fedring-test",
+        "--ntasks=2",
+        f"--output={tmp_path / 'job.out'}",
+        str(JOBS / "run.sbatch"),
+        "--dataset",
+        "synthetic",
+        "--clients",
+        "3",
+        "--rounds",
+        "3",
+        "--eval-every",
+        "1",
+        "--out",
+        str(out),
+    ]
     proc = sbatch_wait(args, tmp_path, env)
     text = (tmp_path / "job.out").read_text()
     assert proc.returncode == 0, text
@@ -149,8 +179,14 @@ def test_sweep_survives_preemption(slurm, tmp_path):
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID.format(rounds=rounds, out=out))
     env = job_env()
-    proc = subprocess.run([sys.executable, "-m", "fedring", "sweep", str(grid), "--submit"],
-                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedring", "sweep", str(grid), "--submit"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = re.search(r"submitted array job (\d+)", proc.stdout).group(1)
     try:
@@ -159,7 +195,9 @@ def test_sweep_survives_preemption(slurm, tmp_path):
         log0 = out / "logs" / f"{job}_0.out"
 
         # Stop task 0 once its run is under way (its signal handler is installed by then).
-        wait_for("task 0 to report progress", lambda: log0.is_file() and re.search(r"round +\d+/", log0.read_text()), 90)
+        wait_for(
+            "task 0 to report progress", lambda: log0.is_file() and re.search(r"round +\d+/", log0.read_text()), 90
+        )
         subprocess.run(["scancel", "--signal=USR1", f"{job}_0"], check=True, timeout=30)
 
         # A requeued job waits ~2 minutes (SLURM's BeginTime) before it may start: release it
@@ -186,14 +224,35 @@ def test_sweep_survives_preemption(slurm, tmp_path):
             assert f.attrs["rounds_completed"] == rounds
             assert list(f["metrics/round"][:]) == list(range(2, rounds + 1, 2))
     # Submitting again finds nothing to do.
-    proc = subprocess.run([sys.executable, "-m", "fedring", "sweep", str(grid), "--dry-run"],
-                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedring", "sweep", str(grid), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
     assert "(2 complete)" in proc.stdout and "nothing to run" in proc.stdout, proc.stdout
 
     # Bit-exact against an uninterrupted run of the same config (1 rank: same results).
     ref = tmp_path / "ref.h5"
-    subprocess.run([sys.executable, "-m", "fedring", "run", "--config", str(out / "configs" / f"{hashes[0]}.toml"),
-                    "--out", str(ref), "--quiet"], check=True, timeout=120, env=env, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedring",
+            "run",
+            "--config",
+            str(out / "configs" / f"{hashes[0]}.toml"),
+            "--out",
+            str(ref),
+            "--quiet",
+        ],
+        check=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     with h5py.File(ref, "r") as a, h5py.File(out / f"{hashes[0]}.h5", "r") as b:
         assert np.array_equal(a["model/final"][:], b["model/final"][:])
         assert np.array_equal(a["metrics/test_accuracy"][:], b["metrics/test_accuracy"][:])

@@ -89,21 +89,52 @@ def test_hash_is_the_documented_sha256_of_non_default_settings():
 def test_hash_ignores_key_order_spelled_defaults_and_run_control():
     krum = {"topology": "server", "aggregator": "krum"}
     a = resolve({"dataset": "synthetic", "rounds": 5, "krum.variant": "paper", "krum.m": 2, **krum}, 2, "t")
-    b = resolve({"krum.m": 2, "krum.variant": "paper", "rounds": 5, "dataset": "synthetic", **krum,
-                 "seed": 0, "byzantine_select": "random", "out": "x.h5", "checkpoint_every": 3, "quiet": True}, 2, "t")
+    b = resolve(
+        {
+            "krum.m": 2,
+            "krum.variant": "paper",
+            "rounds": 5,
+            "dataset": "synthetic",
+            **krum,
+            "seed": 0,
+            "byzantine_select": "random",
+            "out": "x.h5",
+            "checkpoint_every": 3,
+            "quiet": True,
+        },
+        2,
+        "t",
+    )
     assert config_hash(a) == config_hash(b)
     c = resolve({"dataset": "synthetic", "rounds": 5, "krum.variant": "paper", "krum.m": 3, **krum}, 2, "t")
     assert config_hash(c) != config_hash(a)
     # clients defaults to the rank count: same ranks same name, explicit clients likewise
-    assert config_hash(resolve({"clients": 2, "dataset": "synthetic", "rounds": 5, "krum.variant": "paper",
-                                "krum.m": 2, **krum}, 1, "t")) == config_hash(a)
+    assert config_hash(
+        resolve(
+            {"clients": 2, "dataset": "synthetic", "rounds": 5, "krum.variant": "paper", "krum.m": 2, **krum}, 1, "t"
+        )
+    ) == config_hash(a)
 
 
 def test_config_file_round_trips_to_the_same_config():
-    cfg = resolve({"dataset": "synthetic", "lr": 1e-5, "byzantine": 0.2, "attack": "gaussian", "attack.sigma": 200.0,
-                   "topology": "server", "aggregator": "hplus", "hplus.base": "krum",
-                   "pre_aggregators": ["nnm"], "krum.note": 'say "hi" \u00e9\n', "hplus.krum": {"variant": "byzfl"},
-                   "krum.weird key": [1, 2.5, True]}, 4, "t")
+    cfg = resolve(
+        {
+            "dataset": "synthetic",
+            "lr": 1e-5,
+            "byzantine": 0.2,
+            "attack": "gaussian",
+            "attack.sigma": 200.0,
+            "topology": "server",
+            "aggregator": "hplus",
+            "hplus.base": "krum",
+            "pre_aggregators": ["nnm"],
+            "krum.note": 'say "hi" \u00e9\n',
+            "hplus.krum": {"variant": "byzfl"},
+            "krum.weird key": [1, 2.5, True],
+        },
+        4,
+        "t",
+    )
     text = config_toml(cfg)
     assert f"# fedring config {config_hash(cfg)}\n" in text
     assert '"attack.sigma" = 200.0' in text  # a setting-named section cannot be a table
@@ -121,7 +152,12 @@ def test_load_sweep_overrides_validation_and_dedup(tmp_path):
     assert sw.varying() == ["lr", "seed"]
     # --set replaces a setting everywhere, groups included; lr=0.1 twice is one config
     sw = load_sweep(grid, ["lr=0.1", "rounds=[3, 4]"], {"ranks": 1, "out_dir": "o"})
-    assert [(c.seed, c.lr, c.rounds, c.clients) for c in sw.configs] == [(0, 0.1, 3, 1), (0, 0.1, 4, 1), (1, 0.1, 3, 1), (1, 0.1, 4, 1)]
+    assert [(c.seed, c.lr, c.rounds, c.clients) for c in sw.configs] == [
+        (0, 0.1, 3, 1),
+        (0, 0.1, 4, 1),
+        (1, 0.1, 3, 1),
+        (1, 0.1, 4, 1),
+    ]
     assert sw.settings.out_dir == "o" and len(set(sw.hashes)) == 4
     with pytest.raises(ConfigError, match=r"^clients: 1 clients on 2 MPI ranks.*\(in the config .*seed=0"):
         load_sweep(grid, ["clients=1"])
@@ -155,9 +191,16 @@ def test_file_states(tmp_path):
     (tmp_path / "c.h5").write_bytes(b"not hdf5")
     assert file_state(tmp_path / "c.h5").kind == "unreadable"
     # a file another process is writing holds HDF5's lock
-    holder = subprocess.Popen([sys.executable, "-c", "import h5py, sys, time; f = h5py.File(sys.argv[1], 'r+'); "
-                               "print('open', flush=True); time.sleep(30)", str(tmp_path / "a.h5")],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import h5py, sys, time; f = h5py.File(sys.argv[1], 'r+'); print('open', flush=True); time.sleep(30)",
+            str(tmp_path / "a.h5"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "open"
         assert file_state(tmp_path / "a.h5").kind == "live"
@@ -203,7 +246,12 @@ def test_plan_by_file_state(tmp_path):
 
 def test_task_args(tmp_path):
     (tmp_path / "tasks-x.txt").write_text("aaa\nbbb\n")
-    assert task_args(tmp_path / "tasks-x.txt", 1) == ["--config", str(tmp_path / "configs" / "bbb.toml"), "--out", str(tmp_path / "bbb.h5")]
+    assert task_args(tmp_path / "tasks-x.txt", 1) == [
+        "--config",
+        str(tmp_path / "configs" / "bbb.toml"),
+        "--out",
+        str(tmp_path / "bbb.h5"),
+    ]
     with pytest.raises(ConfigError, match=r"index 2 outside 0\.\.1"):
         task_args(tmp_path / "tasks-x.txt", 2)
 
@@ -214,8 +262,13 @@ def test_check_world_size_under_mpiexec(expect, ok):
     if MPIEXEC is None:
         pytest.skip("mpiexec not found")
     env = {**mpi_env(), "FEDRING_EXPECT_RANKS": expect}
-    proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "fedring", "sweep", "--check-world-size"],
-                          capture_output=True, text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, "-m", "fedring", "sweep", "--check-world-size"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert (proc.returncode == 0) == ok
     assert proc.stderr.count("MPI world size is 2 but SLURM_NTASKS=3") == (0 if ok else 2)
 
@@ -223,8 +276,10 @@ def test_check_world_size_under_mpiexec(expect, ok):
 def test_dry_run_lists_states_and_the_sbatch_command(tmp_path, capsys):
     grid = tmp_path / "g.toml"
     out = tmp_path / "out"
-    grid.write_text(f'dataset = "synthetic"\nrounds = 3\nseed = [0, 1]\n[sweep]\nranks = 2\nout_dir = "{out}"\n'
-                    'max_parallel = 4\ntime = "00:10:00"\nsbatch = ["--partition=debug"]\n')
+    grid.write_text(
+        f'dataset = "synthetic"\nrounds = 3\nseed = [0, 1]\n[sweep]\nranks = 2\nout_dir = "{out}"\n'
+        'max_parallel = 4\ntime = "00:10:00"\nsbatch = ["--partition=debug"]\n'
+    )
     sw = load_sweep(grid)
     out.mkdir()
     write_result(out / f"{sw.hashes[0]}.h5", sw.configs[0], "complete")
@@ -234,8 +289,10 @@ def test_dry_run_lists_states_and_the_sbatch_command(tmp_path, capsys):
     assert f"0  {sw.hashes[0]}  complete  0" in text
     assert f"1  {sw.hashes[1]}  missing   1" in text
     assert "would submit 1 array tasks" in text
-    assert (f"sbatch --parsable --array=0-0%4 --ntasks=2 --job-name=fedring-g --output={out}/logs/%A_%a.out "
-            f"--time=00:10:00 --partition=debug {ROOT}/jobs/sweep.sbatch {out}/tasks-") in text
+    assert (
+        f"sbatch --parsable --array=0-0%4 --ntasks=2 --job-name=fedring-g --output={out}/logs/%A_%a.out "
+        f"--time=00:10:00 --partition=debug {ROOT}/jobs/sweep.sbatch {out}/tasks-"
+    ) in text
     assert not (out / "configs").exists()  # a dry run writes nothing
     # results of other settings under a config's name are refused
     other = resolve({"dataset": "synthetic", "rounds": 4}, 2, "t")
@@ -250,17 +307,27 @@ def test_dry_run_lists_states_and_the_sbatch_command(tmp_path, capsys):
 def test_local_sweep_runs_each_config_once(tmp_path, capsys):
     grid = tmp_path / "g.toml"
     out = tmp_path / "out"
-    grid.write_text(f'dataset = "synthetic"\nclients = 2\nrounds = 2\neval_every = 1\nseed = [0, 1]\n'
-                    f'[sweep]\nout_dir = "{out}"\n')
-    proc = subprocess.run([sys.executable, "-m", "fedring", "sweep", str(grid), "--local"], capture_output=True,
-                          text=True, timeout=180, env=mpi_env(), cwd=tmp_path)
+    grid.write_text(
+        f'dataset = "synthetic"\nclients = 2\nrounds = 2\neval_every = 1\nseed = [0, 1]\n[sweep]\nout_dir = "{out}"\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedring", "sweep", str(grid), "--local"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=mpi_env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sw = load_sweep(grid)
     for cfg, h in zip(sw.configs, sw.hashes):
         assert file_state(out / f"{h}.h5").kind == "complete"
         written = tomllib.loads((out / "configs" / f"{h}.toml").read_text())
-        assert written == canonical(cfg) == {"clients": 2, "dataset": "synthetic", "rounds": 2, "eval_every": 1,
-                                             **({"seed": 1} if cfg.seed else {})}
+        assert (
+            written
+            == canonical(cfg)
+            == {"clients": 2, "dataset": "synthetic", "rounds": 2, "eval_every": 1, **({"seed": 1} if cfg.seed else {})}
+        )
     capsys.readouterr()
     assert main([str(grid), "--local"]) == 0 and "nothing to run" in capsys.readouterr().out  # in this process
 
@@ -269,10 +336,18 @@ def test_local_sweep_runs_each_config_once(tmp_path, capsys):
 def test_local_sweep_runs_max_parallel_at_once_with_a_log_each(tmp_path):
     grid = tmp_path / "g.toml"
     out = tmp_path / "out"
-    grid.write_text(f'dataset = "synthetic"\nclients = 2\nrounds = 2\nseed = [0, 1, 2]\nlr_schedule = "cosine"\n'
-                    f'[sweep]\nout_dir = "{out}"\nmax_parallel = 2\n')
-    proc = subprocess.run([sys.executable, "-m", "fedring", "sweep", str(grid), "--local"], capture_output=True,
-                          text=True, timeout=180, env=mpi_env(), cwd=tmp_path)
+    grid.write_text(
+        f'dataset = "synthetic"\nclients = 2\nrounds = 2\nseed = [0, 1, 2]\nlr_schedule = "cosine"\n'
+        f'[sweep]\nout_dir = "{out}"\nmax_parallel = 2\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedring", "sweep", str(grid), "--local"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=mpi_env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sw = load_sweep(grid)
     for h in sw.hashes:
@@ -287,7 +362,6 @@ def test_output_piped_into_head_ends_quietly(tmp_path):
     BrokenPipeError traceback, exit 0."""
     seeds = "seed=[" + ",".join(map(str, range(100))) + "]"
     cmd = f"set -o pipefail; {sys.executable} -m fedring sweep table2.toml --dry-run --set '{seeds}' | head -1"
-    proc = subprocess.run(["bash", "-c", cmd],
-                          capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (0, "")
     assert "table2.toml: 6300 configs" in proc.stdout

@@ -12,8 +12,21 @@ from conftest import fedring_many
 
 D_CNN = 139_960
 SMALL = ["--dataset", "synthetic", "--clients", "8", "--rounds", "3", "--eval-every", "2", "--quiet"]
-LEARN = ["--dataset", "synthetic", "--clients", "4", "--rounds", "80", "--eval-every", "40", "--lr", "0.2",
-         "--partition", "iid", "--quiet"]
+LEARN = [
+    "--dataset",
+    "synthetic",
+    "--clients",
+    "4",
+    "--rounds",
+    "80",
+    "--eval-every",
+    "40",
+    "--lr",
+    "0.2",
+    "--partition",
+    "iid",
+    "--quiet",
+]
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 

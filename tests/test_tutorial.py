@@ -7,7 +7,6 @@ import subprocess
 
 import h5py
 import pytest
-
 from conftest import MPIEXEC, ROOT, mpi_env
 
 #: a fenced block: its language, then ``file=NAME`` (a file to write) or ``slurm`` (needs sbatch)
@@ -19,7 +18,7 @@ def tutorial_steps() -> list[tuple[str, str, str]]:
     steps = []
     for lang, tag, body in BLOCK.findall((ROOT / "docs" / "tutorial.md").read_text()):
         if tag.startswith("file="):
-            steps.append(("file", tag[len("file="):], body))
+            steps.append(("file", tag[len("file=") :], body))
         elif lang == "bash":
             steps.append(("bash", tag, body))
     return steps
@@ -29,8 +28,14 @@ def test_the_page_has_the_steps_the_issue_asks_for():
     steps = tutorial_steps()
     assert [name for kind, name, _ in steps if kind == "file"] == ["make_data.py", "mylab.py", "grid.toml"]
     commands = "\n".join(text for kind, _, text in steps if kind == "bash")
-    for needle in ("mpiexec -n 2 python -m fedring run --plugin mylab", "sweep grid.toml --local",
-                   "sweep grid.toml --submit", "kill -TERM", "--resume", "python -m analysis table"):
+    for needle in (
+        "mpiexec -n 2 python -m fedring run --plugin mylab",
+        "sweep grid.toml --local",
+        "sweep grid.toml --submit",
+        "kill -TERM",
+        "--resume",
+        "python -m analysis table",
+    ):
         assert needle in commands
 
 
@@ -43,8 +48,15 @@ def test_tutorial_runs_as_written(tmp_path):
             continue
         if name == "slurm" and not has_slurm:
             continue
-        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", text], cwd=tmp_path, env=mpi_env(),
-                              capture_output=True, text=True, timeout=600, check=False)
+        proc = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", text],
+            cwd=tmp_path,
+            env=mpi_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         assert proc.returncode == 0, f"{text}\nexit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     with h5py.File(tmp_path / "results/long.h5") as f:  # interrupted, then resumed without --plugin
         assert f.attrs["status"] == "complete" and json.loads(f.attrs["config"])["plugins"] == ["mylab"]

@@ -27,8 +27,16 @@ from .base import (
 
 AGGREGATORS.discover(__name__, __path__)  # every module registers its rules
 
-__all__ = ["AGGREGATORS", "PRE_AGGREGATORS", "AggregateResult", "Aggregator", "Pipeline", "PreAggregator",
-           "make_aggregator", "nonfinite_rows"]
+__all__ = [
+    "AGGREGATORS",
+    "PRE_AGGREGATORS",
+    "AggregateResult",
+    "Aggregator",
+    "Pipeline",
+    "PreAggregator",
+    "make_aggregator",
+    "nonfinite_rows",
+]
 
 
 class Pipeline(Aggregator):
@@ -58,8 +66,10 @@ class Pipeline(Aggregator):
     def check(self, n):
         mixing = [p.name for p in self.pre if not p.keeps_rows]
         if self.rule.client_state and mixing:
-            return (f"{self.rule.name} keeps state per client, and {mixing[0]} mixes the clients' rows: "
-                    f"leave {mixing[0]} out or choose another rule")
+            return (
+                f"{self.rule.name} keeps state per client, and {mixing[0]} mixes the clients' rows: "
+                f"leave {mixing[0]} out or choose another rule"
+            )
         for p in self.pre:
             reason = p.check(n)
             if reason is not None:

@@ -91,7 +91,9 @@ def _pool_executor() -> ThreadPoolExecutor:
         if _pool is None:
             set_local = _openblas_set_local()
             _pool = ThreadPoolExecutor(
-                max_workers=n_workers(), thread_name_prefix="fedring-agg", initializer=(lambda: set_local(1)) if set_local else None
+                max_workers=n_workers(),
+                thread_name_prefix="fedring-agg",
+                initializer=(lambda: set_local(1)) if set_local else None,
             )
     return _pool
 

@@ -163,8 +163,9 @@ class Aggregator:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in AGGREGATORS.parameters(type(self), ("f",))
-                         if hasattr(self, k))
+        args = ", ".join(
+            f"{k}={getattr(self, k)!r}" for k in AGGREGATORS.parameters(type(self), ("f",)) if hasattr(self, k)
+        )
         return f"{type(self).__name__}(f={self.f}{', ' if args else ''}{args})"
 
 

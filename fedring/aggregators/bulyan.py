@@ -34,7 +34,9 @@ class Bulyan(Aggregator):
 
     def check(self, n):
         if n < 4 * self.f + 3:
-            return f"bulyan needs n >= 4f + 3, got n={n}, f={self.f}: use at least {4 * self.f + 3} clients or a smaller f"
+            return (
+                f"bulyan needs n >= 4f + 3, got n={n}, f={self.f}: use at least {4 * self.f + 3} clients or a smaller f"
+            )
         return super().check(n)
 
     def select(self, D2: np.ndarray) -> np.ndarray:

@@ -141,14 +141,16 @@ class FedSECA(Aggregator):
         self.gamma = real("fedseca.gamma", cfg["gamma"], 0.0, 1.0, hi_open=True)
         self.beta = real("fedseca.beta", cfg["beta"], 0.0, 1.0, hi_open=True)
         self.rho, self.coordwise, self.crise, self.vrs, self.clip, self.clamp = (
-            boolean(f"fedseca.{k}", cfg[k]) for k in switches)
+            boolean(f"fedseca.{k}", cfg[k]) for k in switches
+        )
         self.clamp_source = choice("fedseca.clamp_source", clamp_source, ("raw", "clipped"))
         self.election_source = choice("fedseca.election_source", election_source, ("raw", "vrs"))
         self.sparsify = choice("fedseca.sparsify", sparsify, (">=", ">"))
         self.median = choice("fedseca.median", median, ("lower", "average"))
         if not self.crise and not self.coordwise:
             raise ConfigError(
-                "fedseca.coordwise", "coordwise=false (rho-weighted mean) needs crise=true; crise=false already averages every client"
+                "fedseca.coordwise",
+                "coordwise=false (rho-weighted mean) needs crise=true; crise=false already averages every client",
             )
 
     def init_state(self, n, d):

@@ -79,8 +79,9 @@ def kmeans_1d(x: np.ndarray, kmax: int) -> tuple[np.ndarray, int]:
 GAP_FORMS = ("tibshirani", "authors")
 
 
-def gap_statistic_k(scores: np.ndarray, rng: np.random.Generator, nrefs: int, kmax: int,
-                    form: str = "tibshirani") -> int:
+def gap_statistic_k(
+    scores: np.ndarray, rng: np.random.Generator, nrefs: int, kmax: int, form: str = "tibshirani"
+) -> int:
     r"""Number of clusters by the gap statistic on 1-D scores min-max scaled to [0, 1].
 
     Against B = ``nrefs`` uniform reference sets with within-cluster sums of squares

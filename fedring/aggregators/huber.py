@@ -60,6 +60,11 @@ class Huber(Aggregator):
         n = X.shape[0]
         G = gram(X)
         w, a = fixed_point(
-            G, n, np.full(n, 1.0 / n), lambda d2: np.minimum(1.0, self.tau / np.maximum(self.eps, np.sqrt(d2))), self.iters, self.tol
+            G,
+            n,
+            np.full(n, 1.0 / n),
+            lambda d2: np.minimum(1.0, self.tau / np.maximum(self.eps, np.sqrt(d2))),
+            self.iters,
+            self.tol,
         )
         return AggregateResult(combine(w, X), a)

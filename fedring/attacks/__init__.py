@@ -30,8 +30,9 @@ from .nonfinite import NonFinite
 ATTACKS.discover(__name__, __path__)  # an attack in a new module registers itself
 
 
-def make_attack(name: str, params: dict[str, Any] | None = None, *,
-                n_clients: int | None = None) -> ModelAttack | DataAttack | None:
+def make_attack(
+    name: str, params: dict[str, Any] | None = None, *, n_clients: int | None = None
+) -> ModelAttack | DataAttack | None:
     """Build attack ``name`` from its ``attack.*`` settings; ``"none"`` gives None.
 
     ``n_clients`` (the run's number of clients) supplies defaults that depend on it: the
@@ -47,7 +48,27 @@ def make_attack(name: str, params: dict[str, Any] | None = None, *,
 
 
 __all__ = [
-    "ATTACKS", "make_attack", "AttackContext", "ModelAttack", "DataAttack", "attack_success_rate", "alie_z",
-    "Adaptive", "ALIE", "Backdoor", "FangKrum", "FangTrim", "Scaling", "SignFlip", "Gaussian", "HPlusAttack",
-    "IPM", "FoE", "LabelFlip", "Mimic", "MinMax", "MinSum", "NonFinite",
+    "ATTACKS",
+    "make_attack",
+    "AttackContext",
+    "ModelAttack",
+    "DataAttack",
+    "attack_success_rate",
+    "alie_z",
+    "Adaptive",
+    "ALIE",
+    "Backdoor",
+    "FangKrum",
+    "FangTrim",
+    "Scaling",
+    "SignFlip",
+    "Gaussian",
+    "HPlusAttack",
+    "IPM",
+    "FoE",
+    "LabelFlip",
+    "Mimic",
+    "MinMax",
+    "MinSum",
+    "NonFinite",
 ]

@@ -22,9 +22,14 @@ TARGETS = ("brace", "generic")
 DIRECTIONS = ("unit_vec", "sign", "std", "mean")
 # parameter -> (target it belongs to, default)
 _OWN = {
-    "mode": ("brace", "closed_form"), "lam": ("brace", 5.0), "budget": ("brace", 1.0),
-    "perturbation": ("generic", "unit_vec"), "evals": ("generic", 16), "start": ("generic", 0.0),
-    "delta": ("generic", 1.0), "ratio": ("generic", 0.8),
+    "mode": ("brace", "closed_form"),
+    "lam": ("brace", 5.0),
+    "budget": ("brace", 1.0),
+    "perturbation": ("generic", "unit_vec"),
+    "evals": ("generic", 16),
+    "start": ("generic", 0.0),
+    "delta": ("generic", 1.0),
+    "ratio": ("generic", 0.8),
 }
 
 
@@ -61,8 +66,9 @@ def brace_margin_flips(byz: np.ndarray, honest: np.ndarray, lam: float, budget: 
     return order[: math.ceil(budget * len(order))]
 
 
-def line_maximize(objective: Callable[[float], float], evals: int = 16, start: float = 0.0,
-                  delta: float = 1.0, ratio: float = 0.8) -> float:
+def line_maximize(
+    objective: Callable[[float], float], evals: int = 16, start: float = 0.0, delta: float = 1.0, ratio: float = 0.8
+) -> float:
     """Best-effort argmax over γ >= 0 by exploration: ByzFL's ``LineMaximize`` (releases 0.0.1 to 0.0.9).
 
     Expansion: step right with a doubling step while the objective improves; then contraction:

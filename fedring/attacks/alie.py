@@ -33,8 +33,11 @@ def alie_z(n: int, f: int) -> float:
     """
     s = math.floor(n / 2 + 1) - f
     if not (n > f >= 1) or not 0 < (n - f - s) / (n - f) < 1:
-        raise ConfigError("attack.z", f"Baruch et al.'s z_max is undefined for n={n} clients with f={f} "
-                          f"attackers (needs 1 <= f < floor(n/2 + 1)); give attack.z explicitly")
+        raise ConfigError(
+            "attack.z",
+            f"Baruch et al.'s z_max is undefined for n={n} clients with f={f} "
+            f"attackers (needs 1 <= f < floor(n/2 + 1)); give attack.z explicitly",
+        )
     return NormalDist().inv_cdf((n - f - s) / (n - f))
 
 

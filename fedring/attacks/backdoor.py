@@ -60,8 +60,15 @@ class Backdoor(DataAttack):
 
     name = "backdoor"
 
-    def __init__(self, target: int = 0, fraction: float = 0.5, scale: float | None = None,
-                 value: float = 1.0, *, n_clients: int | None = None):
+    def __init__(
+        self,
+        target: int = 0,
+        fraction: float = 0.5,
+        scale: float | None = None,
+        value: float = 1.0,
+        *,
+        n_clients: int | None = None,
+    ):
         self.target = integer("attack.target", target, lo=0)
         self.fraction = real("attack.fraction", fraction, lo=0.0, lo_open=True, hi=1.0)
         self.value = real("attack.value", value)
@@ -81,8 +88,10 @@ class Backdoor(DataAttack):
         elif out.ndim == 2 and out.shape[1] >= TRIGGER_FEATURES:
             out[:, -TRIGGER_FEATURES:] = self.value
         else:
-            raise ValueError(f"attack backdoor: cannot stamp a trigger on samples of shape {out.shape[1:]} "
-                             f"(need images at least 4 x 4 or at least {TRIGGER_FEATURES} features)")
+            raise ValueError(
+                f"attack backdoor: cannot stamp a trigger on samples of shape {out.shape[1:]} "
+                f"(need images at least 4 x 4 or at least {TRIGGER_FEATURES} features)"
+            )
         return out
 
     def poison(self, x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -91,15 +91,17 @@ class ModelAttack:
         """
         byz = np.asarray(byz)
         if byz.ndim != 2 or byz.shape[0] < 1 or not np.issubdtype(byz.dtype, np.floating):
-            raise ValueError(f"attack {self.name}: byz must be a float (b, d) array with b >= 1, got "
-                             f"{byz.dtype} {byz.shape}")
+            raise ValueError(
+                f"attack {self.name}: byz must be a float (b, d) array with b >= 1, got {byz.dtype} {byz.shape}"
+            )
         if self.knowledge == "omniscient":
             if honest is None:
                 raise ValueError(f"attack {self.name} is omniscient: it needs the honest gradients")
             honest = np.asarray(honest)
             if honest.ndim != 2 or honest.shape[1] != byz.shape[1] or honest.shape[0] < 1:
-                raise ValueError(f"attack {self.name}: honest must be (h, {byz.shape[1]}) with h >= 1, "
-                                 f"got {honest.shape}")
+                raise ValueError(
+                    f"attack {self.name}: honest must be (h, {byz.shape[1]}) with h >= 1, got {honest.shape}"
+                )
             honest = honest.astype(np.float64, copy=False)
         else:
             honest = None
@@ -147,6 +149,7 @@ def known(honest: np.ndarray | None) -> np.ndarray:
 def std(rows: np.ndarray, ddof: int, who: str) -> np.ndarray:
     """Coordinate-wise standard deviation; needs more rows than ``ddof``."""
     if rows.shape[0] <= ddof:
-        raise ValueError(f"{who}: a standard deviation with ddof={ddof} needs at least {ddof + 1} rows, "
-                         f"got {rows.shape[0]}")
+        raise ValueError(
+            f"{who}: a standard deviation with ddof={ddof} needs at least {ddof + 1} rows, got {rows.shape[0]}"
+        )
     return rows.std(axis=0, ddof=ddof)

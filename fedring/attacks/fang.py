@@ -31,12 +31,20 @@ def _krum_pick(dist: np.ndarray, f: int) -> int:
     """Krum on a squared-distance matrix: n - f - 2 nearest others (at least 1), ties to lowest index."""
     n = dist.shape[0]
     m = min(max(n - f - 2, 1), n - 1)
-    scores = np.sort(dist, axis=1)[:, 1:m + 1].sum(axis=1)
+    scores = np.sort(dist, axis=1)[:, 1 : m + 1].sum(axis=1)
     return int(np.argmin(scores))
 
 
-def fang_krum_lambda(benign: np.ndarray, s: np.ndarray, b: int, f: int, lr: float,
-                     tol: float = 1e-5, start: float | None = None, copies_last: bool = False) -> tuple[float, bool]:
+def fang_krum_lambda(
+    benign: np.ndarray,
+    s: np.ndarray,
+    b: int,
+    f: int,
+    lr: float,
+    tol: float = 1e-5,
+    start: float | None = None,
+    copies_last: bool = False,
+) -> tuple[float, bool]:
     r"""Fang et al.'s λ for the Krum attack, and whether Krum then picks an attacker.
 
     The b attackers all send :math:`\tilde g = -(\lambda/\eta)\,s`. λ starts at Fang's bound
@@ -85,7 +93,7 @@ def fang_krum_lambda(benign: np.ndarray, s: np.ndarray, b: int, f: int, lr: floa
     n = b + h
     dist_bb = _sq_dists(benign)
     k = min(max(n - f - 2, 0), h - 1)
-    nearest = np.sort(np.sqrt(dist_bb), axis=1)[:, 1:k + 1].sum(axis=1)
+    nearest = np.sort(np.sqrt(dist_bb), axis=1)[:, 1 : k + 1].sum(axis=1)
     norms = np.sqrt(np.einsum("ij,ij->i", benign, benign))
     if start is None:
         lam = float(lr * (nearest.min() / ((n - 2 * f - 1) * math.sqrt(d)) + norms.max() / math.sqrt(d)))

@@ -42,11 +42,16 @@ class LabelFlip(DataAttack):
             self.mapping = np.arange(self.num_classes)[::-1].copy()
         else:
             values = list(mapping) if isinstance(mapping, (list, tuple)) else None
-            if (values is None or len(values) != self.num_classes
-                    or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < self.num_classes
-                               for v in values)):
-                raise ConfigError("attack.mapping", f"must be a list of {self.num_classes} class indices in "
-                                  f"[0, {self.num_classes - 1}], got {mapping!r}")
+            if (
+                values is None
+                or len(values) != self.num_classes
+                or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < self.num_classes for v in values)
+            ):
+                raise ConfigError(
+                    "attack.mapping",
+                    f"must be a list of {self.num_classes} class indices in "
+                    f"[0, {self.num_classes - 1}], got {mapping!r}",
+                )
             self.mapping = np.asarray(values, dtype=np.int64)
 
     def poison(self, x: np.ndarray, y: np.ndarray, rng: np.random.Generator | None = None):

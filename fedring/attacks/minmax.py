@@ -25,8 +25,9 @@ def perturbation(honest: np.ndarray, kind: str) -> np.ndarray:
     return std(honest, 1, "perturbation std")
 
 
-def min_max_sum_gamma(honest: np.ndarray, kind: str, dev: np.ndarray, gamma_init: float = 10.0,
-                      tol: float = 1e-5, bound: str = "max") -> float:
+def min_max_sum_gamma(
+    honest: np.ndarray, kind: str, dev: np.ndarray, gamma_init: float = 10.0, tol: float = 1e-5, bound: str = "max"
+) -> float:
     r"""The largest γ found by the authors' search such that μ − γ·dev meets the constraint.
 
     Min-Max (eq. 4 of the paper):
@@ -146,7 +147,6 @@ class MinSum(MinMax):
     name = "minsum"
     constraint = "minsum"
 
-    def __init__(self, perturbation: str = "std", gamma_init: float = 10.0, tol: float = 1e-5,
-                 bound: str = "max"):
+    def __init__(self, perturbation: str = "std", gamma_init: float = 10.0, tol: float = 1e-5, bound: str = "max"):
         super().__init__(perturbation, gamma_init, tol)
         self.bound = choice("attack.bound", bound, ("max", "min"))

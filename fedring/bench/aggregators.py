@@ -116,7 +116,12 @@ def measure(agg, X: np.ndarray, ref: np.ndarray, state: dict, repeats: int, seed
     agg.aggregate(X, state=state, reference=ref, rng=np.random.default_rng([seed, repeats]))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    return {"seconds": float(np.median(times)), "times": times, "cpu_seconds": float(np.median(cpu)), "peak_bytes": int(peak)}
+    return {
+        "seconds": float(np.median(times)),
+        "times": times,
+        "cpu_seconds": float(np.median(cpu)),
+        "peak_bytes": int(peak),
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -193,7 +198,11 @@ def main(argv: list[str]) -> int:
     print(table(records))
     if args.json:
         meta = {
-            "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(), "numpy": np.__version__},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "processor": platform.processor() or platform.machine(),
+                "numpy": np.__version__,
+            },
             "dtype": "float32",
             "seed": args.seed,
             "paper": "FedSECA Supp. Table C.2 (8 vCPU, ResNet-18 11.2M parameters)",

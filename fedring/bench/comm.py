@@ -26,8 +26,12 @@ from fedring.comm.brace import SIGN_RULES, SignVote
 SIGN_VARIANTS = {rule: (rule, {}) for rule in SIGN_RULES}
 
 
-def _time(impls: dict[str, tuple[Callable, Callable, Callable]], repeats: int, comm: MPI.Comm,
-          probe: Callable[[], np.ndarray] | None = None) -> dict[str, tuple]:
+def _time(
+    impls: dict[str, tuple[Callable, Callable, Callable]],
+    repeats: int,
+    comm: MPI.Comm,
+    probe: Callable[[], np.ndarray] | None = None,
+) -> dict[str, tuple]:
     """name -> (median seconds, what ``sent`` returned after the last run, summed change of ``probe``).
 
     The repeats are interleaved (one run of each implementation in turn), so a change in the
@@ -58,8 +62,9 @@ def server_exchange(net: Network, rows: np.ndarray) -> np.ndarray:
     return net.broadcast_from_server(vec, "downlink", rows.shape[1:], rows.dtype)
 
 
-def comm_impls(net: Network, comm: MPI.Comm, d: int, variants: dict[str, tuple[str, dict]] = SIGN_VARIANTS,
-               server: bool = False) -> dict[str, tuple[Callable, Callable, Callable]]:
+def comm_impls(
+    net: Network, comm: MPI.Comm, d: int, variants: dict[str, tuple[str, dict]] = SIGN_VARIANTS, server: bool = False
+) -> dict[str, tuple[Callable, Callable, Callable]]:
     """name -> (prepare, run, bytes sent by this rank in one run): MPI's Allreduce, the float32
     ring, the sign rules ``variants`` (name -> (rule, settings)) and, if asked, the server's
     exchange (:func:`server_exchange`)."""
@@ -124,14 +129,18 @@ def main(argv: list[str]) -> int:
                 r["bytes_per_rank"] = ring_sent
     if comm.rank == 0:
         base = {(r["elements"]): r for r in records if r["impl"] == "ring"}
-        print(f"{'impl':<10}{'ranks':>6}{'elements':>11}{'seconds':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}"
-              f"{'bytes/rank':>14}{'time/ring':>11}{'bytes/ring':>12}")
+        print(
+            f"{'impl':<10}{'ranks':>6}{'elements':>11}{'seconds':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}"
+            f"{'bytes/rank':>14}{'time/ring':>11}{'bytes/ring':>12}"
+        )
         for r in records:
             ratio = r["seconds"] / base[r["elements"]]["seconds"]
             r["time_ratio_to_ring"] = ratio
             r["bytes_ratio_to_ring"] = r["bytes_per_rank"] / max(base[r["elements"]]["bytes_per_rank"], 1)
-            print(f"{r['impl']:<10}{r['ranks']:>6}{r['elements']:>11}{r['seconds']:>12.6f}{r['algbw'] / 1e9:>12.3f}"
-                  f"{r['busbw'] / 1e9:>12.3f}{r['bytes_per_rank']:>14}{ratio:>11.2f}{r['bytes_ratio_to_ring']:>12.3f}")
+            print(
+                f"{r['impl']:<10}{r['ranks']:>6}{r['elements']:>11}{r['seconds']:>12.6f}{r['algbw'] / 1e9:>12.3f}"
+                f"{r['busbw'] / 1e9:>12.3f}{r['bytes_per_rank']:>14}{ratio:>11.2f}{r['bytes_ratio_to_ring']:>12.3f}"
+            )
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(records, f, indent=1)

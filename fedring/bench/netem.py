@@ -104,10 +104,26 @@ def run(nodes: int, rate_bps: int, ranks_per_node: int, program: list[str], time
 
     Returns the job's exit status (124 when it ran past ``timeout`` seconds and was killed).
     """
-    spec = {"nodes": nodes, "rate_bps": rate_bps, "ppn": ranks_per_node, "program": program, "timeout": timeout,
-            "parent_ns": {kind: os.readlink(f"/proc/self/ns/{kind}") for kind in ("net", "mnt", "uts")}}
-    cmd = ["unshare", "--net", "--mount", "--uts", "--propagation", "private",
-           sys.executable, "-m", "fedring.bench.netem", json.dumps(spec)]
+    spec = {
+        "nodes": nodes,
+        "rate_bps": rate_bps,
+        "ppn": ranks_per_node,
+        "program": program,
+        "timeout": timeout,
+        "parent_ns": {kind: os.readlink(f"/proc/self/ns/{kind}") for kind in ("net", "mnt", "uts")},
+    }
+    cmd = [
+        "unshare",
+        "--net",
+        "--mount",
+        "--uts",
+        "--propagation",
+        "private",
+        sys.executable,
+        "-m",
+        "fedring.bench.netem",
+        json.dumps(spec),
+    ]
     head = subprocess.Popen(cmd, preexec_fn=_die_with_parent(signal.SIGTERM))
     try:
         return head.wait()
@@ -149,8 +165,11 @@ exec nsenter --net=/proc/$pid/ns/net --uts=/proc/$pid/ns/uts /bin/sh -c "$*"
 
 def _node(i: int, rate: str, burst: int) -> int:
     """Start node ``i``: a process holding a new network and UTS namespace; returns its pid."""
-    holder = subprocess.Popen(["unshare", "--net", "--uts", "/bin/sh", "-c", f"hostname node{i} && exec sleep infinity"],
-                              preexec_fn=_die_with_parent(), stdin=subprocess.DEVNULL)
+    holder = subprocess.Popen(
+        ["unshare", "--net", "--uts", "/bin/sh", "-c", f"hostname node{i} && exec sleep infinity"],
+        preexec_fn=_die_with_parent(),
+        stdin=subprocess.DEVNULL,
+    )
     for _ in range(500):  # until the shell has set the host name and become `sleep` (bounded: 5 s)
         try:
             with open(f"/proc/{holder.pid}/comm") as f:
@@ -163,14 +182,15 @@ def _node(i: int, rate: str, burst: int) -> int:
         raise RuntimeError(f"node{i}: could not create its namespaces (exit {holder.returncode})")
     pid = holder.pid
     mtu, buf, queue = str(LINK["mtu"]), LINK["tcp_buffer"], LINK["queue"]
-    _sh("ip", "link", "add", f"v{i}", "mtu", mtu, "type", "veth", "peer", "name", "eth0", "mtu", mtu,
-        "netns", str(pid))
+    _sh("ip", "link", "add", f"v{i}", "mtu", mtu, "type", "veth", "peer", "name", "eth0", "mtu", mtu, "netns", str(pid))
     _sh("ip", "link", "set", f"v{i}", "master", "br0", "up")
-    for args in (("ip", "link", "set", "lo", "up"), ("ip", "addr", "add", f"{SUBNET}.{i}/24", "dev", "eth0"),
-                 ("sysctl", "-q", "-w", f"net.ipv4.tcp_rmem=4096 131072 {buf}", f"net.ipv4.tcp_wmem=4096 16384 {buf}"),
-                 ("ip", "link", "set", "eth0", "up"),
-                 ("tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate, "burst", str(burst),
-                  "latency", queue)):  # the node's upload
+    for args in (
+        ("ip", "link", "set", "lo", "up"),
+        ("ip", "addr", "add", f"{SUBNET}.{i}/24", "dev", "eth0"),
+        ("sysctl", "-q", "-w", f"net.ipv4.tcp_rmem=4096 131072 {buf}", f"net.ipv4.tcp_wmem=4096 16384 {buf}"),
+        ("ip", "link", "set", "eth0", "up"),
+        ("tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate, "burst", str(burst), "latency", queue),
+    ):  # the node's upload
         _sh(*args, ns_pid=pid)
     _sh("tc", "qdisc", "add", "dev", f"v{i}", "root", "tbf", "rate", rate, "burst", str(burst), "latency", queue)
     return pid  # ... and its download: the bridge port's egress towards it
@@ -202,11 +222,33 @@ def _head(spec: dict) -> int:
         _sh("ip", "link", "set", "br0", "up")
         for i in range(1, nodes + 1):
             holders[f"node{i}"] = _node(i, rate, burst)
-        cmd = [mpiexec(), "-hosts", ",".join(holders), "-n", str(nodes * spec["ppn"]), "-ppn", str(spec["ppn"]),
-               "-launcher", "ssh", "-launcher-exec", _launcher(folder, holders),
-               "-genv", "MPIR_CVAR_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp",
-               "-genv", "OMP_NUM_THREADS", "1", "-genv", "OPENBLAS_NUM_THREADS", "1",
-               sys.executable, *spec["program"]]
+        cmd = [
+            mpiexec(),
+            "-hosts",
+            ",".join(holders),
+            "-n",
+            str(nodes * spec["ppn"]),
+            "-ppn",
+            str(spec["ppn"]),
+            "-launcher",
+            "ssh",
+            "-launcher-exec",
+            _launcher(folder, holders),
+            "-genv",
+            "MPIR_CVAR_CH4_NETMOD",
+            "ofi",
+            "-genv",
+            "FI_PROVIDER",
+            "tcp",
+            "-genv",
+            "OMP_NUM_THREADS",
+            "1",
+            "-genv",
+            "OPENBLAS_NUM_THREADS",
+            "1",
+            sys.executable,
+            *spec["program"],
+        ]
         job = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL)
         try:
             return job.wait(timeout=spec["timeout"])

@@ -41,16 +41,23 @@ from . import netem
 OPS = ("native", "ring", "brace", "brace_symmetric", "signsgd", "rlr", "server")
 RING_PHASES = ("reduce_scatter", "all_gather")
 SIGN_PHASES = ("share_reduce", "share_only")
-PHASES = {"ring": RING_PHASES, "server": ("uplink", "downlink"),
-          **{op: SIGN_PHASES for op in ("brace", "brace_symmetric", "signsgd", "rlr")}}
+PHASES = {
+    "ring": RING_PHASES,
+    "server": ("uplink", "downlink"),
+    **{op: SIGN_PHASES for op in ("brace", "brace_symmetric", "signsgd", "rlr")},
+}
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m fedring bench network",
-                                description="the ring, BRACE and the server's exchange on an emulated cluster (as root)")
+    p = argparse.ArgumentParser(
+        prog="python -m fedring bench network",
+        description="the ring, BRACE and the server's exchange on an emulated cluster (as root)",
+    )
     p.add_argument("--nodes", type=int, default=4, help="emulated nodes (default 4)")
     p.add_argument("--ranks-per-node", type=int, default=1, help="MPI ranks (one client each) per node (default 1)")
-    p.add_argument("--rate", default="1gbit", help="rate of each node's link, each way, as tc writes it (default 1gbit)")
+    p.add_argument(
+        "--rate", default="1gbit", help="rate of each node's link, each way, as tc writes it (default 1gbit)"
+    )
     p.add_argument("--sizes", default="20,22,24", help="vector sizes as log2 element counts (default 20,22,24)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each op and size (default 3)")
     p.add_argument("--ops", default=",".join(OPS), help=f"which to time (default all: {','.join(OPS)})")
@@ -72,7 +79,9 @@ def settings(argv: list[str]) -> argparse.Namespace:
     try:
         args.log2_sizes = [int(v) for v in args.sizes.split(",")]
     except ValueError:
-        raise ConfigError("sizes", f"must be comma-separated log2 element counts (e.g. 20,22,24), got {args.sizes!r}") from None
+        raise ConfigError(
+            "sizes", f"must be comma-separated log2 element counts (e.g. 20,22,24), got {args.sizes!r}"
+        ) from None
     if not all(4 <= v <= 26 for v in args.log2_sizes):
         raise ConfigError("sizes", f"log2 element counts must be from 4 to 26, got {args.sizes}")
     if args.repeats < 1:
@@ -100,11 +109,15 @@ def main(argv: list[str]) -> int:
     if args.worker:
         return worker(args)
     if launched_ranks()[1] > 1:
-        raise ConfigError("bench network", "builds its own cluster and starts the MPI job itself: run it without mpiexec")
+        raise ConfigError(
+            "bench network", "builds its own cluster and starts the MPI job itself: run it without mpiexec"
+        )
     lacks = netem.missing()
     if lacks:
-        print(f"fedring: error: bench network needs root and ip, tc, unshare, nsenter, mpiexec: missing {', '.join(lacks)}",
-              file=sys.stderr)
+        print(
+            f"fedring: error: bench network needs root and ip, tc, unshare, nsenter, mpiexec: missing {', '.join(lacks)}",
+            file=sys.stderr,
+        )
         return 2
     if args.wait:
         os.environ["FEDRING_WAIT"] = args.wait
@@ -177,15 +190,23 @@ def worker(args: argparse.Namespace) -> int:
         for op, (seconds, links, wire) in _time(chosen, args.repeats, comm, probe).items():
             wire = comm.allreduce(wire, op=MPI.SUM) / args.repeats
             ledger = None if op == "native" else comm.allreduce(links, op=MPI.SUM)
-            records.append({
-                "op": op, "elements": d, "nodes": nodes, "ranks_per_node": p, "rate_bps": args.rate_bps,
-                "seconds": seconds,
-                "bound_seconds": ring_bound if ledger is None else float(ledger.max(axis=(1, 2)).sum() / rate_bytes),
-                "link_bytes": int(wire[:, 0].sum()),
-                "ledger_bytes": None if ledger is None else int(ledger[:, :, 0].sum()),
-                "busiest_link_bytes": int(wire.max()),
-                "wait": net.wait,
-            })
+            records.append(
+                {
+                    "op": op,
+                    "elements": d,
+                    "nodes": nodes,
+                    "ranks_per_node": p,
+                    "rate_bps": args.rate_bps,
+                    "seconds": seconds,
+                    "bound_seconds": ring_bound
+                    if ledger is None
+                    else float(ledger.max(axis=(1, 2)).sum() / rate_bytes),
+                    "link_bytes": int(wire[:, 0].sum()),
+                    "ledger_bytes": None if ledger is None else int(ledger[:, :, 0].sum()),
+                    "busiest_link_bytes": int(wire.max()),
+                    "wait": net.wait,
+                }
+            )
             if comm.rank == 0:
                 print_record(records[-1], header=len(records) == 1)
     if comm.rank == 0 and args.json:
@@ -196,15 +217,22 @@ def worker(args: argparse.Namespace) -> int:
 
 def print_record(r: dict, header: bool) -> None:
     if header:
-        print(f"# {r['nodes']} nodes x {r['ranks_per_node']} ranks, {r['rate_bps'] / 1e9:g} Gbit/s per link each way; "
-              "bound: the ledger's bytes on the busiest link / rate; link/ledger: the kernel's count / the ledger's")
-        print(f"{'op':<16}{'elements':>10}{'seconds':>10}{'bound s':>10}{'x bound':>9}{'link MB':>10}{'ledger MB':>11}"
-              f"{'link/ledger':>12}")
+        print(
+            f"# {r['nodes']} nodes x {r['ranks_per_node']} ranks, {r['rate_bps'] / 1e9:g} Gbit/s per link each way; "
+            "bound: the ledger's bytes on the busiest link / rate; link/ledger: the kernel's count / the ledger's"
+        )
+        print(
+            f"{'op':<16}{'elements':>10}{'seconds':>10}{'bound s':>10}{'x bound':>9}{'link MB':>10}{'ledger MB':>11}"
+            f"{'link/ledger':>12}"
+        )
     ledger, link = r["ledger_bytes"], r["link_bytes"]
-    print(f"{r['op']:<16}{r['elements']:>10}{r['seconds']:>10.4f}{r['bound_seconds']:>10.4f}"
-          f"{r['seconds'] / r['bound_seconds']:>9.2f}{link / 1e6:>10.2f}"
-          f"{'-' if ledger is None else f'{ledger / 1e6:.2f}':>11}"
-          f"{'-' if not ledger else f'{link / ledger:.4f}':>12}", flush=True)
+    print(
+        f"{r['op']:<16}{r['elements']:>10}{r['seconds']:>10.4f}{r['bound_seconds']:>10.4f}"
+        f"{r['seconds'] / r['bound_seconds']:>9.2f}{link / 1e6:>10.2f}"
+        f"{'-' if ledger is None else f'{ledger / 1e6:.2f}':>11}"
+        f"{'-' if not ledger else f'{link / ledger:.4f}':>12}",
+        flush=True,
+    )
 
 
 def _abort_job(*exc_info) -> None:

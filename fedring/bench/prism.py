@@ -84,8 +84,16 @@ def _mpi_half(args, argv: list[str]) -> tuple | None:
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [shutil.which("mpiexec"), "-n", str(args.ranks), sys.executable, "-m", "fedring.bench.prism",
-           "--mpi-only", *argv]
+    cmd = [
+        shutil.which("mpiexec"),
+        "-n",
+        str(args.ranks),
+        sys.executable,
+        "-m",
+        "fedring.bench.prism",
+        "--mpi-only",
+        *argv,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(out.stdout + out.stderr)
@@ -132,8 +140,10 @@ def main(argv: list[str]) -> int:
     else:
         print("  MPI: skipped (no mpiexec)")
     print(f"  uplink bytes {up1} = {up1 / (10 * 50 * 8 * N):.3f} x full sharing (M/D = {M / 50:.3f})")
-    print(f"Calibration, 100 clients x 1000 scores, characterization + distances + filter + quantile: "
-          f"{1e3 * _calibration_seconds():.1f} ms")
+    print(
+        f"Calibration, 100 clients x 1000 scores, characterization + distances + filter + quantile: "
+        f"{1e3 * _calibration_seconds():.1f} ms"
+    )
     return 0
 
 

@@ -24,11 +24,23 @@ docs/cli.md lists every command and setting."""
 # subcommand -> (module, function, one line), imported only when used
 SUBCOMMANDS = {
     ("bench", "comm"): ("fedring.bench.comm", "main", "ring-all-reduce and the sign rules vs MPI's Allreduce"),
-    ("bench", "aggregators"): ("fedring.bench.aggregators", "main", "every server rule on a large vector, vs the FedSECA paper's timings"),
+    ("bench", "aggregators"): (
+        "fedring.bench.aggregators",
+        "main",
+        "every server rule on a large vector, vs the FedSECA paper's timings",
+    ),
     ("bench", "prism"): ("fedring.bench.prism", "main", "PRISM-FCP over MPI vs one process"),
-    ("bench", "network"): ("fedring.bench.network", "main", "ring, BRACE and server in wall time on an emulated cluster (root)"),
+    ("bench", "network"): (
+        "fedring.bench.network",
+        "main",
+        "ring, BRACE and server in wall time on an emulated cluster (root)",
+    ),
     ("conformal", "prism"): ("fedring.conformal.prism.task", "main", "PRISM-FCP, Rob-FCP and FCP (task prism)"),
-    ("conformal", "labelshift"): ("fedring.conformal.labelshift.task", "main", "DP-FedCP under label shift (task labelshift)"),
+    ("conformal", "labelshift"): (
+        "fedring.conformal.labelshift.task",
+        "main",
+        "DP-FedCP under label shift (task labelshift)",
+    ),
 }
 
 
@@ -42,8 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         rank, size = launched_ranks()
         if size > 1 and argv[1:2] != ["--check-world-size"]:
             if rank == 0:
-                print("fedring: error: sweep: runs in one process and starts the MPI jobs itself: "
-                      "run it without mpiexec", file=sys.stderr)
+                print(
+                    "fedring: error: sweep: runs in one process and starts the MPI jobs itself: run it without mpiexec",
+                    file=sys.stderr,
+                )
             return 2
         from .sweep import main as sweep_main
 

@@ -37,8 +37,9 @@ class ArgumentParser(argparse.ArgumentParser):
                 if name.startswith("--"):
                     close = check.closest(name, [o for o in self._option_string_actions if o.startswith("--")])
                     if close:
-                        raise ConfigError("arguments", f"unknown option {name}; did you mean {close}? "
-                                                       f"(see {self.prog} --help)")
+                        raise ConfigError(
+                            "arguments", f"unknown option {name}; did you mean {close}? (see {self.prog} --help)"
+                        )
         raise ConfigError("arguments", f"{message} (see {self.prog} --help)")
 
     def print_help(self, file=None):
@@ -50,11 +51,21 @@ def general_options(p: argparse.ArgumentParser) -> None:
     """The options of every task: settings files, --set, seed, output, resume."""
     add = p.add_argument
     add("--config", metavar="FILE.toml", help="settings file (keys as below, sections as [name]); applied first")
-    add("--plugin", dest="plugins", action="append", metavar="MODULE",
+    add(
+        "--plugin",
+        dest="plugins",
+        action="append",
+        metavar="MODULE",
         help="import the user's MODULE on every rank first, so that its components register (repeatable; "
-             "docs/tutorial.md)")
-    add("--set", action="append", default=[], metavar="KEY=VALUE",
-        help="any setting, as KEY=VALUE or SECTION.KEY=VALUE (after --config, before the options here)")
+        "docs/tutorial.md)",
+    )
+    add(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any setting, as KEY=VALUE or SECTION.KEY=VALUE (after --config, before the options here)",
+    )
     add("--seed", type=int, metavar="S", help="every random draw derives from it (default 0)")
     add("--out", metavar="PATH.h5", help="results file (default: results/<a name made of the settings>.h5)")
     add("--overwrite", action="store_const", const=True, help="replace an existing results file")
@@ -74,36 +85,105 @@ def run_parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="python -m fedring run",
         description="Federated training over MPI (task train); results stream to an HDF5 file. Every option is "
-                    "also a settings key (--set key=value, or a TOML file); a component's parameters go in a "
-                    "section named after it (--set krum.variant=byzfl, --set attack.sigma=50). docs/cli.md lists "
-                    "every key of every task.",
+        "also a settings key (--set key=value, or a TOML file); a component's parameters go in a "
+        "section named after it (--set krum.variant=byzfl, --set attack.sigma=50). docs/cli.md lists "
+        "every key of every task.",
     )
     general_options(p)
     add = p.add_argument
     add("--topology", help=f"ring (the logical ring of clients) or server (rank 0 aggregates); default {d.topology}")
-    add("--aggregator", metavar="RULE",
-        help=f"on the ring: {', '.join(RING_RULES)}; on a server: {', '.join(AGGREGATORS)} (default {d.aggregator})")
-    add("--pre-aggregators", dest="pre_aggregators", metavar="A,B",
-        help=f"in front of a server rule, in order: {', '.join(PRE_AGGREGATORS)} (default none)")
-    add("--clients", type=int, metavar="K", help="logical clients, K >= ranks; rank r hosts a contiguous block (default: one per rank)")
-    add("--byzantine", type=float, metavar="X", help="Byzantine clients: a fraction (< 1, rounded) or a count (default 0)")
-    add("--declared-f", dest="declared_f", type=int, metavar="F", help="the Byzantine count the defence is told (default: the actual count)")
+    add(
+        "--aggregator",
+        metavar="RULE",
+        help=f"on the ring: {', '.join(RING_RULES)}; on a server: {', '.join(AGGREGATORS)} (default {d.aggregator})",
+    )
+    add(
+        "--pre-aggregators",
+        dest="pre_aggregators",
+        metavar="A,B",
+        help=f"in front of a server rule, in order: {', '.join(PRE_AGGREGATORS)} (default none)",
+    )
+    add(
+        "--clients",
+        type=int,
+        metavar="K",
+        help="logical clients, K >= ranks; rank r hosts a contiguous block (default: one per rank)",
+    )
+    add(
+        "--byzantine",
+        type=float,
+        metavar="X",
+        help="Byzantine clients: a fraction (< 1, rounded) or a count (default 0)",
+    )
+    add(
+        "--declared-f",
+        dest="declared_f",
+        type=int,
+        metavar="F",
+        help="the Byzantine count the defence is told (default: the actual count)",
+    )
     add("--attack", metavar="NAME", help=f"none, {', '.join(ATTACKS)} (default none); parameters as attack.KEY")
     add("--dataset", help=f"{', '.join(DATASETS)} (default {d.dataset}); its default model fits its images")
-    add("--data-dir", dest="data_dir", metavar="DIR", help="the data set's files (Fashion-MNIST: default $FEDRING_DATA, else Debian's "
-        "/usr/share/datasets/fashion-mnist; CIFAR-10: the cifar-10-batches-py folder)")
-    add("--model", metavar="NAME", help="the network: for 28x28 grey images cnn (default), cnn_bn (cnn with BatchNorm), mlp or lenet5; for 32x32 colour "
-        "(cifar10) cnn_cifar or resnet18_gn; or package.module:Name (docs/tutorial.md)")
+    add(
+        "--data-dir",
+        dest="data_dir",
+        metavar="DIR",
+        help="the data set's files (Fashion-MNIST: default $FEDRING_DATA, else Debian's "
+        "/usr/share/datasets/fashion-mnist; CIFAR-10: the cifar-10-batches-py folder)",
+    )
+    add(
+        "--model",
+        metavar="NAME",
+        help="the network: for 28x28 grey images cnn (default), cnn_bn (cnn with BatchNorm), mlp or lenet5; for 32x32 colour "
+        "(cifar10) cnn_cifar or resnet18_gn; or package.module:Name (docs/tutorial.md)",
+    )
     add("--partition", help=f"{', '.join(PARTITIONS)} (default {d.partition})")
     add("--noniid", type=float, metavar="X", help=f"Fang's degree q, or the Dirichlet alpha (default {d.noniid})")
-    add("--rounds", type=int, metavar="R",
-        help=f"communication rounds (default {d.rounds}: a quick look; the papers' runs name theirs, 300 to 2000)")
-    add("--lr", type=float, help=f"w <- w - lr * aggregate; the sign rules move each coordinate by lr (default {d.lr}; use ~3e-3 for them)")
-    add("--lr-schedule", dest="lr_schedule", metavar="NAME", help=f"{', '.join(SCHEDULES)} (default constant); parameters as step.KEY ...")
-    add("--batch-size", dest="batch_size", type=int, metavar="B", help=f"mini-batch per client and local step (default {d.batch_size})")
-    add("--local-steps", dest="local_steps", type=int, metavar="S", help=f"1: FedSGD; k > 1: (w - w_local)/lr after k SGD steps (default {d.local_steps})")
-    add("--eval-every", dest="eval_every", type=int, metavar="E", help=f"evaluate (and print a line) every E rounds and at the last (default {d.eval_every})")
-    add("--checkpoint-every", dest="checkpoint_every", type=int, metavar="C", help=f"checkpoint into the results file every C rounds (default {d.checkpoint_every})")
+    add(
+        "--rounds",
+        type=int,
+        metavar="R",
+        help=f"communication rounds (default {d.rounds}: a quick look; the papers' runs name theirs, 300 to 2000)",
+    )
+    add(
+        "--lr",
+        type=float,
+        help=f"w <- w - lr * aggregate; the sign rules move each coordinate by lr (default {d.lr}; use ~3e-3 for them)",
+    )
+    add(
+        "--lr-schedule",
+        dest="lr_schedule",
+        metavar="NAME",
+        help=f"{', '.join(SCHEDULES)} (default constant); parameters as step.KEY ...",
+    )
+    add(
+        "--batch-size",
+        dest="batch_size",
+        type=int,
+        metavar="B",
+        help=f"mini-batch per client and local step (default {d.batch_size})",
+    )
+    add(
+        "--local-steps",
+        dest="local_steps",
+        type=int,
+        metavar="S",
+        help=f"1: FedSGD; k > 1: (w - w_local)/lr after k SGD steps (default {d.local_steps})",
+    )
+    add(
+        "--eval-every",
+        dest="eval_every",
+        type=int,
+        metavar="E",
+        help=f"evaluate (and print a line) every E rounds and at the last (default {d.eval_every})",
+    )
+    add(
+        "--checkpoint-every",
+        dest="checkpoint_every",
+        type=int,
+        metavar="C",
+        help=f"checkpoint into the results file every C rounds (default {d.checkpoint_every})",
+    )
     return p
 
 
@@ -134,14 +214,16 @@ def section_parser(task: str, schema: type, description: str) -> ArgumentParser:
     return p
 
 
-def build_config(argv: list[str], world_size: int, parser: ArgumentParser | None = None,
-                 section: str | None = None) -> Config:
+def build_config(
+    argv: list[str], world_size: int, parser: ArgumentParser | None = None, section: str | None = None
+) -> Config:
     """The validated config of a command line (:func:`build_task`'s)."""
     return build_task(argv, world_size, parser, section).cfg
 
 
-def build_task(argv: list[str], world_size: int, parser: ArgumentParser | None = None,
-               section: str | None = None) -> Task:
+def build_task(
+    argv: list[str], world_size: int, parser: ArgumentParser | None = None, section: str | None = None
+) -> Task:
     """The task of a command line, its config validated: ``--config``, then ``--set``, then the named options.
 
     With ``section``, the named options other than the general ones are that task's settings
@@ -179,8 +261,11 @@ def resumed_config(path: str, layers: list[tuple[dict, str]]) -> Config:
         with h5py.File(path, "r") as f:
             stored = json.loads(f.attrs["config"])
     except (OSError, KeyError, ValueError) as e:
-        raise ConfigError("resume", f"{path} is not a readable fedring results file ({type(e).__name__}: {e}); "
-                          "it is left as it is: remove it, or start afresh with --overwrite") from None
+        raise ConfigError(
+            "resume",
+            f"{path} is not a readable fedring results file ({type(e).__name__}: {e}); "
+            "it is left as it is: remove it, or start afresh with --overwrite",
+        ) from None
     # the run-control settings (--quiet, --checkpoint-every ...) steer this invocation, not the results
     cfg = merge(Config(), {k: v for k, v in stored.items() if k != "sections" and k not in RUN_CONTROL}, path)
     cfg.sections = {name: dict(values) for name, values in stored.get("sections", {}).items()}
@@ -188,8 +273,11 @@ def resumed_config(path: str, layers: list[tuple[dict, str]]) -> Config:
         merge(cfg, items, origin)
     diff = config_differences(stored, json.loads(cfg.to_json()))
     if diff:
-        raise ConfigError("resume", f"{path} was written with other settings (file -> given): {'; '.join(diff)}; "
-                                    "leave them out: --resume takes the file's own")
+        raise ConfigError(
+            "resume",
+            f"{path} was written with other settings (file -> given): {'; '.join(diff)}; "
+            "leave them out: --resume takes the file's own",
+        )
     cfg.resume, cfg.overwrite = True, False
     return cfg
 
@@ -237,16 +325,37 @@ def run(argv: list[str], parser: ArgumentParser | None = None, section: str | No
 #: the step schedule (lr x 0.1 after 60 % of the rounds), under which BRACE settles
 #: (docs/brace.md). BRACE's threshold keeps the paper's ratio, lambda = 5 per 100 clients.
 HEADLINE = [
-    ("ring-all-reduce", "results/headline-ring-all-reduce.h5", ["--aggregator", "mean", "--lr", "0.1"],
-     "plain ring-all-reduce (mean): the noisy clients destroy it (0.10 is chance)"),
-    ("BRACE, paper rule", "results/headline-brace.h5", ["--aggregator", "brace", "--lr", "0.003"],
-     "BRACE as printed (eq. 1): S <= lambda gives -1, so weakly agreed weights drift up"),
-    ("BRACE, symmetric", "results/headline-brace-symmetric.h5",
-     ["--aggregator", "brace", "--lr", "0.003", "--set", "brace.rule=symmetric"],
-     "not in the paper: 0 between -lambda and lambda, so weak agreement moves nothing"),
+    (
+        "ring-all-reduce",
+        "results/headline-ring-all-reduce.h5",
+        ["--aggregator", "mean", "--lr", "0.1"],
+        "plain ring-all-reduce (mean): the noisy clients destroy it (0.10 is chance)",
+    ),
+    (
+        "BRACE, paper rule",
+        "results/headline-brace.h5",
+        ["--aggregator", "brace", "--lr", "0.003"],
+        "BRACE as printed (eq. 1): S <= lambda gives -1, so weakly agreed weights drift up",
+    ),
+    (
+        "BRACE, symmetric",
+        "results/headline-brace-symmetric.h5",
+        ["--aggregator", "brace", "--lr", "0.003", "--set", "brace.rule=symmetric"],
+        "not in the paper: 0 between -lambda and lambda, so weak agreement moves nothing",
+    ),
 ]
-HEADLINE_COMMON = ["--attack", "gaussian", "--byzantine", "0.2", "--rounds", "600", "--eval-every", "40",
-                   "--lr-schedule", "step"]
+HEADLINE_COMMON = [
+    "--attack",
+    "gaussian",
+    "--byzantine",
+    "0.2",
+    "--rounds",
+    "600",
+    "--eval-every",
+    "40",
+    "--lr-schedule",
+    "step",
+]
 #: the accuracy printed is the mean of the last evaluations (one evaluation fluctuates by ~0.05)
 HEADLINE_WINDOW = 5
 
@@ -263,8 +372,19 @@ def headline(overwrite: bool = False, quiet: bool = False) -> int:
     clients = max(comm.size, 5)  # one Byzantine client at least, also on one or two ranks
     for _, out, args, _ in HEADLINE:
         lam = ["--set", f"brace.lambda={0.05 * clients:g}"] if "brace" in args else []
-        code = run([*HEADLINE_COMMON, *args, *lam, "--clients", str(clients), "--out", out,
-                    *(["--overwrite"] if overwrite else []), *(["--quiet"] if quiet else [])])
+        code = run(
+            [
+                *HEADLINE_COMMON,
+                *args,
+                *lam,
+                "--clients",
+                str(clients),
+                "--out",
+                out,
+                *(["--overwrite"] if overwrite else []),
+                *(["--quiet"] if quiet else []),
+            ]
+        )
         if code != 0:
             return code
     if comm.rank == 0:
@@ -273,6 +393,9 @@ def headline(overwrite: bool = False, quiet: bool = False) -> int:
             with h5py.File(out, "r") as f:
                 rounds, acc = f["metrics/round"][-HEADLINE_WINDOW:], f["metrics/test_accuracy"][-HEADLINE_WINDOW:]
             print(f"  {name:<18} {np.mean(acc):.4f}  (rounds {rounds[0]}-{rounds[-1]})  {meaning}")
-        print("results: " + ", ".join(out for _, out, _, _ in HEADLINE)
-              + "; python -m analysis plot-drift results/headline-brace*.h5 --out drift.png draws the drift")
+        print(
+            "results: "
+            + ", ".join(out for _, out, _, _ in HEADLINE)
+            + "; python -m analysis plot-drift results/headline-brace*.h5 --out drift.png draws the drift"
+        )
     return 0

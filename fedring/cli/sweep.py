@@ -71,13 +71,18 @@ def plan(argv: list[str], world_size: int, restart: bool) -> list[str] | None:
         say(f"being written by another process ({state.detail}): nothing to do")
         return None
     if state.kind == "unreadable":
-        raise ConfigError("out", f"{cfg.out} is not a readable results file ({state.detail}); remove it or choose another --out")
+        raise ConfigError(
+            "out", f"{cfg.out} is not a readable results file ({state.detail}); remove it or choose another --out"
+        )
     if fresh:
         return [*args, "--overwrite"]
     diff = differences(state.config or {}, cfg)
     if diff:
-        raise ConfigError("out", f"{cfg.out} was written with other settings: {'; '.join(diff)}; "
-                          "pass --overwrite (first start) or choose another --out")
+        raise ConfigError(
+            "out",
+            f"{cfg.out} was written with other settings: {'; '.join(diff)}; "
+            "pass --overwrite (first start) or choose another --out",
+        )
     if state.kind == FileStatus.COMPLETE:
         say("complete: nothing to do")
         return None
@@ -103,9 +108,12 @@ def check_world_size() -> int:
     size = MPI.COMM_WORLD.size
     if size == want:
         return 0
-    print(f"fedring job: MPI world size is {size} but SLURM_NTASKS={want}: the launcher started separate "
-          f"programs instead of one MPI job. Use srun --mpi=pmi2 (FEDRING_SRUN_MPI) or FEDRING_LAUNCHER=mpiexec.",
-          file=sys.stderr, flush=True)
+    print(
+        f"fedring job: MPI world size is {size} but SLURM_NTASKS={want}: the launcher started separate "
+        f"programs instead of one MPI job. Use srun --mpi=pmi2 (FEDRING_SRUN_MPI) or FEDRING_LAUNCHER=mpiexec.",
+        file=sys.stderr,
+        flush=True,
+    )
     return 1
 
 
@@ -143,7 +151,9 @@ def submit(sweep: Sweep, pending: list[int], jobs_dir: Path, dry_run: bool) -> i
         return 0
     for script in ("sweep.sbatch", "run.sbatch"):
         if not (jobs_dir / script).is_file():
-            raise ConfigError("jobs-dir", f"{jobs_dir / script} not found (give --jobs-dir: the fedring checkout's jobs/)")
+            raise ConfigError(
+                "jobs-dir", f"{jobs_dir / script} not found (give --jobs-dir: the fedring checkout's jobs/)"
+            )
     if shutil.which("sbatch") is None:
         raise ConfigError("submit", "sbatch not found: not on a SLURM cluster (use --local to run here)")
     write_configs(sweep)
@@ -154,10 +164,15 @@ def submit(sweep: Sweep, pending: list[int], jobs_dir: Path, dry_run: bool) -> i
         env["FEDRING_LAUNCHER"] = sweep.settings.launcher
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        print(f"fedring sweep: sbatch failed ({proc.returncode}): {proc.stderr.strip()}\n  {shlex.join(cmd)}", file=sys.stderr)
+        print(
+            f"fedring sweep: sbatch failed ({proc.returncode}): {proc.stderr.strip()}\n  {shlex.join(cmd)}",
+            file=sys.stderr,
+        )
         return 1
     job = proc.stdout.strip().split(";")[0]
-    print(f"submitted array job {job}: {len(pending)} tasks; results in {sweep.out_dir}/, logs in {sweep.out_dir}/logs/")
+    print(
+        f"submitted array job {job}: {len(pending)} tasks; results in {sweep.out_dir}/, logs in {sweep.out_dir}/logs/"
+    )
     return 0
 
 
@@ -168,7 +183,9 @@ def run_local(sweep: Sweep, pending: list[int]) -> int:
     ``logs/local-<hash>.out`` and a line is printed as each starts and ends.
     """
     write_configs(sweep)
-    launch = [] if sweep.settings.ranks == 1 else [shutil.which("mpiexec") or "mpiexec", "-n", str(sweep.settings.ranks)]
+    launch = (
+        [] if sweep.settings.ranks == 1 else [shutil.which("mpiexec") or "mpiexec", "-n", str(sweep.settings.ranks)]
+    )
     parallel = sweep.settings.max_parallel or 1
     if parallel > 1:
         (sweep.out_dir / "logs").mkdir(exist_ok=True)
@@ -190,8 +207,11 @@ def run_local(sweep: Sweep, pending: list[int]) -> int:
 
     for k, i in enumerate(pending):
         h = sweep.hashes[i]
-        args = plan(["--config", str(sweep.config_path(h)), "--out", str(sweep.results_path(h))],
-                    sweep.settings.ranks, restart=False)
+        args = plan(
+            ["--config", str(sweep.config_path(h)), "--out", str(sweep.results_path(h))],
+            sweep.settings.ranks,
+            restart=False,
+        )
         if args is None:
             continue
         wait_until(parallel - 1)
@@ -217,7 +237,13 @@ def parser() -> argparse.ArgumentParser:
     mode.add_argument("--dry-run", action="store_true", help="list the configs and the sbatch command (default)")
     mode.add_argument("--submit", action="store_true", help="submit the configs that are not complete")
     mode.add_argument("--local", action="store_true", help="run them one after another here (mpiexec -n ranks)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="replace a setting everywhere (a list is an axis)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="replace a setting everywhere (a list is an axis)",
+    )
     p.add_argument("--ranks", type=int, help="MPI ranks per run ([sweep] ranks)")
     p.add_argument("--out-dir", dest="out_dir", help="[sweep] out_dir")
     p.add_argument("--time", help="[sweep] time (sbatch --time)")
@@ -249,14 +275,21 @@ def main(argv: list[str]) -> int:
         sweep = load_sweep(args.grid, args.set, overrides)
         rows = states(sweep)
         conflicts = [sweep.hashes[i] for i, (kind, _) in enumerate(rows) if kind in ("conflict", "unreadable")]
-        pending = [i for i, (kind, _) in enumerate(rows) if kind not in (FileStatus.COMPLETE, "live", "conflict", "unreadable")]
+        pending = [
+            i for i, (kind, _) in enumerate(rows) if kind not in (FileStatus.COMPLETE, "live", "conflict", "unreadable")
+        ]
         counts = {k: sum(1 for kind, _ in rows if kind == k) for k in dict.fromkeys(kind for kind, _ in rows)}
-        print(f"{sweep.grid}: {len(sweep.configs)} configs, {sweep.settings.ranks} ranks each, results in {sweep.out_dir}/ "
-              f"({', '.join(f'{n} {k}' for k, n in counts.items())})")
+        print(
+            f"{sweep.grid}: {len(sweep.configs)} configs, {sweep.settings.ranks} ranks each, results in {sweep.out_dir}/ "
+            f"({', '.join(f'{n} {k}' for k, n in counts.items())})"
+        )
         print(_table(sweep, rows))
         if conflicts:
-            raise ConfigError("out_dir", f"results of other settings under the names of {', '.join(conflicts)} "
-                              "(see the notes): remove those files or choose another out_dir")
+            raise ConfigError(
+                "out_dir",
+                f"results of other settings under the names of {', '.join(conflicts)} "
+                "(see the notes): remove those files or choose another out_dir",
+            )
         if not pending:
             print("nothing to run: every config is complete or being written")
             return 0

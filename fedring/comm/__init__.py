@@ -14,5 +14,14 @@ from . import brace  # noqa: F401  (registers BRACE, signSGD and RLR as ring rul
 from .network import SIDE_CHANNELS, Layout, Ledger, Network, block_bounds
 from .ring import RING_RULES, all_gather, reduce_scatter, ring_allreduce
 
-__all__ = ["RING_RULES", "SIDE_CHANNELS", "Layout", "Ledger", "Network", "all_gather", "block_bounds", "reduce_scatter",
-           "ring_allreduce"]
+__all__ = [
+    "RING_RULES",
+    "SIDE_CHANNELS",
+    "Layout",
+    "Ledger",
+    "Network",
+    "all_gather",
+    "block_bounds",
+    "reduce_scatter",
+    "ring_allreduce",
+]

@@ -393,10 +393,13 @@ class SignRule(RingRule):
             quantize(grads, self.sign_zero, self.dtype, out=counts)  # phase I
             self._share_reduce_guarded(net, counts, bounds, local_byz, counted)  # phase II
         else:  # phase I chunk by chunk, each while the partial counts into it travel (phase II)
+
             def pieces(k: int, c: int) -> list:
                 g, q = grads[k, bounds[c] : bounds[c + 1]], counts[k, bounds[c] : bounds[c + 1]]
-                return [lambda s=s: quantize(g[s : s + BLOCK], self.sign_zero, self.dtype, out=q[s : s + BLOCK])
-                        for s in range(0, g.size, BLOCK)]
+                return [
+                    lambda s=s: quantize(g[s : s + BLOCK], self.sign_zero, self.dtype, out=q[s : s + BLOCK])
+                    for s in range(0, g.size, BLOCK)
+                ]
 
             for k, i in enumerate(lay.local_clients):  # the chunk each client sends first
                 for piece in pieces(k, i):
@@ -421,6 +424,7 @@ class SignRule(RingRule):
             net.comm.Bcast(row, root=root)  # simulation only: which replica the run follows
             packing.decode(row, update)
         else:  # phase IV; row 0 decodes the chunk it got last while the next one travels
+
             def decoding(k: int, c: int) -> list:
                 return packing.pieces(packed[0], update, (c + 1) % n) if k == 0 else []
 
@@ -438,8 +442,9 @@ class SignRule(RingRule):
             buf = self._buffers[name] = np.empty(shape, dtype)
         return buf
 
-    def _share_reduce_guarded(self, net: Network, counts: np.ndarray, bounds: np.ndarray, local_byz,
-                              counted: RelayCounts) -> None:
+    def _share_reduce_guarded(
+        self, net: Network, counts: np.ndarray, bounds: np.ndarray, local_byz, counted: RelayCounts
+    ) -> None:
         """Phase II step by step, with the relays' bias, the receivers' check and saturation."""
         lay, n = net.layout, net.n_clients
         own = self._scratch("own", counts.shape, counts.dtype)
@@ -453,7 +458,7 @@ class SignRule(RingRule):
                     part = counts[i - lay.lo, bounds[c] : bounds[c + 1]]
                     part[...] = np.clip(part.astype(np.int64) + self.relay_bias, -top, top)
                     counted.tampered_hops += part.size > 0
-            net.ring_step(counts, bounds, lambda i: (i - s) % n, None, SHARE_REDUCE)
+            net.ring_step(counts, bounds, lambda i, s=s: (i - s) % n, None, SHARE_REDUCE)
             k = s + 1  # contributors to every count received in step s
             for j in lay.local_clients:
                 c = (j - 1 - s) % n
@@ -469,8 +474,9 @@ class SignRule(RingRule):
                         got[bad] = (k % 2) * self.sign_zero
                 got[...] = np.clip(got.astype(np.int64) + own[j - lay.lo, bounds[c] : bounds[c + 1]], -top, top)
 
-    def _share_only_flipping(self, net: Network, packed: np.ndarray, packing: Packing, local_byz,
-                             counted: RelayCounts) -> None:
+    def _share_only_flipping(
+        self, net: Network, packed: np.ndarray, packing: Packing, local_byz, counted: RelayCounts
+    ) -> None:
         """Phase IV with Byzantine relays flipping the signs they forward (the first on each path)."""
         lay, n = net.layout, net.n_clients
         b, pb = packing.bounds, packing.byte_bounds
@@ -488,7 +494,7 @@ class SignRule(RingRule):
                 counted.tampered_hops += 1
                 counted.flipped_signs += int(np.count_nonzero(packing.nonzero(seg, c) & flips))
                 packing.signs(seg, c)[...] ^= np.packbits(flips)
-            net.ring_step(packed, pb, lambda i: (i + 1 - s) % n, None, SHARE_ONLY)
+            net.ring_step(packed, pb, lambda i, s=s: (i + 1 - s) % n, None, SHARE_ONLY)
 
     # ---------------------------------------------------------------- reporting
 

@@ -163,8 +163,9 @@ class Network:
     chunks (:func:`wait_policy`, :func:`segment_bytes`); neither changes a result or a byte count.
     """
 
-    def __init__(self, layout: Layout, ledger: Ledger | None = None, wait: str | None = None,
-                 segment: int | None = None):
+    def __init__(
+        self, layout: Layout, ledger: Ledger | None = None, wait: str | None = None, segment: int | None = None
+    ):
         self.layout = layout
         self.ledger = Ledger(layout.n_clients) if ledger is None else ledger
         self.wait, self.segment = wait_policy(wait), segment_bytes(segment)
@@ -195,8 +196,13 @@ class Network:
         flat = buf.reshape(-1)
         return [self.comm.Irecv(flat[c], source=source) for c in self._cuts(flat.size, flat.itemsize)]
 
-    def _exchange(self, outgoing: np.ndarray, incoming: np.ndarray,
-                  arrived: Callable[[slice], None] | None = None, work: Iterable[Callable[[], None]] = ()) -> None:
+    def _exchange(
+        self,
+        outgoing: np.ndarray,
+        incoming: np.ndarray,
+        arrived: Callable[[slice], None] | None = None,
+        work: Iterable[Callable[[], None]] = (),
+    ) -> None:
         """Send ``outgoing`` to the next rank while ``incoming`` comes from the previous one, in
         segments. While they travel: the pieces of ``work``, each followed by a test of the
         messages (MPI moves bytes only when called); then ``arrived(seg)`` on each received
@@ -234,7 +240,9 @@ class Network:
         k = len(same)
         for name, lo, minus_hi in zip(same, agreed[:k], agreed[k:]):
             if lo != big and lo != -minus_hi:
-                raise ValueError(f"{name} differs between ranks ({lo} and {-minus_hi}): it must be the same on every rank")
+                raise ValueError(
+                    f"{name} differs between ranks ({lo} and {-minus_hi}): it must be the same on every rank"
+                )
 
     def check_rows(self, rows, count: int | None = None, what: str = "rows") -> None:
         """Collective: every rank checks its client rows before the first message is sent.
@@ -256,9 +264,14 @@ class Network:
         elif rows.dtype.kind not in "biuf":
             problem = f"{what} must be numeric, got dtype {rows.dtype}"
         ok = problem is None and count > 0
-        self.agree(problem, {f"the dtype size of {what}": rows.dtype.itemsize if ok else None,
-                             f"the dtype kind of {what}": ord(rows.dtype.kind) if ok else None,
-                             f"the row size of {what}": rows[0].size if ok else None})
+        self.agree(
+            problem,
+            {
+                f"the dtype size of {what}": rows.dtype.itemsize if ok else None,
+                f"the dtype kind of {what}": ord(rows.dtype.kind) if ok else None,
+                f"the row size of {what}": rows[0].size if ok else None,
+            },
+        )
 
     def _recv_buffer(self, like: np.ndarray, count: int) -> np.ndarray:
         nbytes = count * like.itemsize
@@ -340,7 +353,9 @@ class Network:
         offsets = np.concatenate([[0], np.cumsum(counts)])
         out = np.empty((int(offsets[-1]), *local.shape[1:]), local.dtype)
         out[: len(mine)] = local
-        requests = [q for r in range(1, lay.size) if counts[r] for q in self._irecv(out[offsets[r] : offsets[r + 1]], r)]
+        requests = [
+            q for r in range(1, lay.size) if counts[r] for q in self._irecv(out[offsets[r] : offsets[r + 1]], r)
+        ]
         self.complete(requests)
         return out
 
@@ -374,7 +389,9 @@ class Network:
         mine = np.flatnonzero(owners == lay.rank)
         problem = None
         if lay.rank == 0 and np.shape(rows) != (len(clients), *shape):
-            problem = f"the server has rows of shape {np.shape(rows)} for {len(clients)} clients of shape {tuple(shape)}"
+            problem = (
+                f"the server has rows of shape {np.shape(rows)} for {len(clients)} clients of shape {tuple(shape)}"
+            )
         self.agree(problem)
         if lay.rank == 0:
             rows = np.ascontiguousarray(rows, dtype=dtype)

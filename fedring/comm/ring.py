@@ -38,8 +38,9 @@ def _add(mine: np.ndarray, incoming: np.ndarray) -> None:
     mine += incoming
 
 
-def reduce_scatter(net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "reduce_scatter",
-                   check: bool = True, ahead=None) -> None:
+def reduce_scatter(
+    net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "reduce_scatter", check: bool = True, ahead=None
+) -> None:
     """In place: afterwards client ``i``'s row holds the ring sum of chunk ``(i + 1) mod n``.
 
     ``check=False`` skips :meth:`Network.check_rows` for rows the caller made itself;
@@ -49,11 +50,12 @@ def reduce_scatter(net: Network, rows: np.ndarray, bounds: np.ndarray, phase: st
         net.check_rows(rows)
     n = net.n_clients
     for s in range(n - 1):
-        net.ring_step(rows, bounds, lambda i: (i - s) % n, _add, phase, ahead)
+        net.ring_step(rows, bounds, lambda i, s=s: (i - s) % n, _add, phase, ahead)
 
 
-def all_gather(net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "all_gather",
-               check: bool = True, ahead=None) -> None:
+def all_gather(
+    net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "all_gather", check: bool = True, ahead=None
+) -> None:
     """In place: client ``i`` starts owning chunk ``(i + 1) mod n``; afterwards every row holds all chunks.
 
     ``ahead``: work done while a chunk travels (:meth:`Network.ring_step`)."""
@@ -61,7 +63,7 @@ def all_gather(net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = 
         net.check_rows(rows)
     n = net.n_clients
     for s in range(n - 1):
-        net.ring_step(rows, bounds, lambda i: (i + 1 - s) % n, None, phase, ahead)
+        net.ring_step(rows, bounds, lambda i, s=s: (i + 1 - s) % n, None, phase, ahead)
 
 
 def owned_chunk(client: int, n: int) -> int:

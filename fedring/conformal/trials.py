@@ -79,8 +79,15 @@ class TrialJob:
         return {"n_clients": self.net.n_clients}
 
     def begin(self, recorder: Recorder) -> None:
-        recorder.attrs("calibration", {"cases": json.dumps(self.cases), "size_kind": self.size_kind, "alpha": self.alpha,
-                                       "settings": json.dumps(dataclasses.asdict(self.settings), sort_keys=True)})
+        recorder.attrs(
+            "calibration",
+            {
+                "cases": json.dumps(self.cases),
+                "size_kind": self.size_kind,
+                "alpha": self.alpha,
+                "settings": json.dumps(dataclasses.asdict(self.settings), sort_keys=True),
+            },
+        )
 
     def restore(self, arrays: dict[str, np.ndarray], attrs: dict) -> None:
         """Nothing to restore: trial ``t`` depends on ``t`` alone."""
@@ -98,11 +105,20 @@ class TrialJob:
 
     def entries(self, batch: list[int], rows: list[dict], client_bytes: np.ndarray, server_bytes: int) -> list[Entry]:
         """Rank 0: one ``/calibration`` row per trial of ``batch``, the batch's bytes shared equally."""
-        return [Entry(t + 1, {}, {
-            "calibration/trial": np.int64(t), **{f"calibration/{k}": v for k, v in row.items()},
-            "comm/bytes_sent": client_bytes // len(batch),
-            "comm/server_bytes_sent": np.int64(server_bytes // len(batch)),
-        }, self.describe(row)) for t, row in zip(batch, rows)]
+        return [
+            Entry(
+                t + 1,
+                {},
+                {
+                    "calibration/trial": np.int64(t),
+                    **{f"calibration/{k}": v for k, v in row.items()},
+                    "comm/bytes_sent": client_bytes // len(batch),
+                    "comm/server_bytes_sent": np.int64(server_bytes // len(batch)),
+                },
+                self.describe(row),
+            )
+            for t, row in zip(batch, rows)
+        ]
 
     def finish(self, recorder: Recorder) -> None:
         recorder.summarize("calibration", self.summary)

@@ -18,12 +18,17 @@ TEST_FILE = "test_batch"
 
 #: the only globals a batch file's pickle may name: numpy's array reconstruction (under numpy 1's
 #: and numpy 2's module names), and ``_codecs.encode``, with which protocol 2 stores bytes
-ALLOWED_GLOBALS = frozenset({
-    ("numpy", "ndarray"), ("numpy", "dtype"),
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
-    ("_codecs", "encode"),
-})
+ALLOWED_GLOBALS = frozenset(
+    {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("_codecs", "encode"),
+    }
+)
 
 
 class DataUnpickler(pickle.Unpickler):
@@ -40,8 +45,10 @@ class DataUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str):
         if (module, name) not in ALLOWED_GLOBALS:
-            raise pickle.UnpicklingError(f"the pickle names {module}.{name}; a data file holds only dicts, lists, "
-                                         "bytes, str, numbers and numpy arrays")
+            raise pickle.UnpicklingError(
+                f"the pickle names {module}.{name}; a data file holds only dicts, lists, "
+                "bytes, str, numbers and numpy arrays"
+            )
         return super().find_class(module, name)
 
 
@@ -54,7 +61,9 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
         return data, np.asarray(batch[b"labels"], dtype=np.int64)
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError) as e:
-        raise ConfigError("data_dir", f"{path} is not a CIFAR-10 batch file, refused: {type(e).__name__}: {e}") from None
+        raise ConfigError(
+            "data_dir", f"{path} is not a CIFAR-10 batch file, refused: {type(e).__name__}: {e}"
+        ) from None
 
 
 def write_batch(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
@@ -89,9 +98,12 @@ class CIFAR10(Dataset):
         self.root = Path(data_dir or os.environ.get("FEDRING_CIFAR10") or "cifar-10-batches-py")
         missing = [name for name in (*TRAIN_FILES, TEST_FILE) if not (self.root / name).is_file()]
         if missing:
-            raise ConfigError("data_dir", f"CIFAR-10 files {', '.join(missing)} not found in {self.root}: pass the "
-                                          "cifar-10-batches-py folder of the python version as --data-dir "
-                                          "(or set FEDRING_CIFAR10)")
+            raise ConfigError(
+                "data_dir",
+                f"CIFAR-10 files {', '.join(missing)} not found in {self.root}: pass the "
+                "cifar-10-batches-py folder of the python version as --data-dir "
+                "(or set FEDRING_CIFAR10)",
+            )
 
     def _rows(self, files, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         images, labels, start = [], [], 0

@@ -61,9 +61,7 @@ def partition_fang(labels: np.ndarray, n_clients: int, q: float, rng: np.random.
     return [per_client[p] for p in perm]
 
 
-def partition_dirichlet(
-    labels: np.ndarray, n_clients: int, alpha: float, rng: np.random.Generator
-) -> list[np.ndarray]:
+def partition_dirichlet(labels: np.ndarray, n_clients: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
     """Per class, split its samples over clients with proportions ~ Dirichlet(alpha)."""
     parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
     for c in range(int(labels.max()) + 1):
@@ -80,21 +78,28 @@ def partition_shards(labels: np.ndarray, n_clients: int, per_client: int, rng: n
     and give each client ``per_client`` shards drawn at random without replacement.
 
     >>> parts = partition_shards(np.array([1, 0, 1, 0, 2, 2, 1, 0]), 2, 2, np.random.default_rng(0))
-    >>> [p.tolist() for p in parts]   # shards [1 3 | 7 0 | 2 6 | 4 5] (stable sort); the permutation gives client 0 shards 2, 0 and client 1 shards 1, 3
+    >>> # shards [1 3 | 7 0 | 2 6 | 4 5] (stable sort); the permutation gives client 0 shards 2, 0, client 1 shards 1, 3
+    >>> [p.tolist() for p in parts]
     [[1, 2, 3, 6], [0, 4, 5, 7]]
     """
     count = n_clients * per_client
     if count > len(labels):
-        raise ConfigError("shards.per_client", f"{n_clients} clients x {per_client} shards = {count} shards of "
-                                               f"{len(labels)} samples: fewer shards per client, or fewer clients")
+        raise ConfigError(
+            "shards.per_client",
+            f"{n_clients} clients x {per_client} shards = {count} shards of "
+            f"{len(labels)} samples: fewer shards per client, or fewer clients",
+        )
     shards = np.array_split(np.argsort(labels, kind="stable"), count)
     order = rng.permutation(count)
-    return [np.sort(np.concatenate([shards[s] for s in order[c * per_client : (c + 1) * per_client]]))
-            for c in range(n_clients)]
+    return [
+        np.sort(np.concatenate([shards[s] for s in order[c * per_client : (c + 1) * per_client]]))
+        for c in range(n_clients)
+    ]
 
 
-def partition(labels: np.ndarray, n_clients: int, kind: str, noniid: float, seed: int,
-              shards_per_client: int = 2) -> list[np.ndarray]:
+def partition(
+    labels: np.ndarray, n_clients: int, kind: str, noniid: float, seed: int, shards_per_client: int = 2
+) -> list[np.ndarray]:
     """Sample indices per client; the same on every rank for the same seed."""
     rng = generator(seed, Stream.PARTITION)
     if kind == "iid":
@@ -148,17 +153,28 @@ class FederatedData:
     number.
     """
 
-    def __init__(self, dataset: str, data_dir: str | None, n_clients: int, clients: range,
-                 kind: str, noniid: float, seed: int, server_samples: int = 0, shards_per_client: int = 2,
-                 validation: float = 0.0):
+    def __init__(
+        self,
+        dataset: str,
+        data_dir: str | None,
+        n_clients: int,
+        clients: range,
+        kind: str,
+        noniid: float,
+        seed: int,
+        server_samples: int = 0,
+        shards_per_client: int = 2,
+        validation: float = 0.0,
+    ):
         self.n_clients = n_clients
         self.clients = clients
         self.server = None  # the server's small clean set (FLTrust, Zeno++), when asked for
 
         data = DATASETS.build(dataset, {}, key="dataset", data_dir=data_dir)
         labels = data.train_labels()
-        parts, held = hold_out(_checked(partition(labels, n_clients, kind, noniid, seed, shards_per_client)),
-                               validation, seed)
+        parts, held = hold_out(
+            _checked(partition(labels, n_clients, kind, noniid, seed, shards_per_client)), validation, seed
+        )
         mine = np.sort(np.concatenate([parts[c] for c in clients] + [held[c] for c in clients]))
         images = data.train_images(mine)
         where = {int(s): k for k, s in enumerate(mine)}

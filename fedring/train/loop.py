@@ -92,23 +92,40 @@ class TrainJob:
         recorder.record(self.entries, t, result, client_bytes, server_bytes, nonfinite, scores, recorder.elapsed())
         return rnd
 
-    def entries(self, t: int, result: RoundResult, client_bytes: np.ndarray, server_bytes: int, nonfinite: np.ndarray,
-                scores: dict | None, elapsed: float) -> list[Entry]:
+    def entries(
+        self,
+        t: int,
+        result: RoundResult,
+        client_bytes: np.ndarray,
+        server_bytes: int,
+        nonfinite: np.ndarray,
+        scores: dict | None,
+        elapsed: float,
+    ) -> list[Entry]:
         """Rank 0: round ``t``'s rows, and its metrics when it was evaluated (``scores``)."""
         tr, figures = self.tr, result.figures
         self.bytes_sent_total += int(client_bytes.sum())
-        rows = {**{f"ring/{name}": value for name, value in {**result.rows, **figures}.items()},
-                "comm/bytes_sent": client_bytes, "comm/server_bytes_sent": np.int64(server_bytes),
-                "aggregation/nonfinite": nonfinite, "aggregation/nonfinite_update": np.uint8(not result.update_finite)}
+        rows = {
+            **{f"ring/{name}": value for name, value in {**result.rows, **figures}.items()},
+            "comm/bytes_sent": client_bytes,
+            "comm/server_bytes_sent": np.int64(server_bytes),
+            "aggregation/nonfinite": nonfinite,
+            "aggregation/nonfinite_update": np.uint8(not result.update_finite),
+        }
         if result.selected is not None:
             rows["aggregation/selected"] = result.selected
         if scores is None:
             return [Entry(t + 1, {}, rows)]
         metrics = {
-            "round": t + 1, **scores,
-            "bytes_sent": int(client_bytes.sum()), "bytes_sent_total": self.bytes_sent_total,
-            "server_bytes_sent": server_bytes, "wall_seconds": elapsed,
-            "lr": tr.lr_at(t), "weight_mean_change": tr.weight_mean_change(), **figures,
+            "round": t + 1,
+            **scores,
+            "bytes_sent": int(client_bytes.sum()),
+            "bytes_sent_total": self.bytes_sent_total,
+            "server_bytes_sent": server_bytes,
+            "wall_seconds": elapsed,
+            "lr": tr.lr_at(t),
+            "weight_mean_change": tr.weight_mean_change(),
+            **figures,
         }
         line = f"test_acc {scores['test_accuracy']:.4f}  bytes_sent_total {self.bytes_sent_total / 1e6:,.1f} MB"
         return [Entry(t + 1, metrics, rows, line)]

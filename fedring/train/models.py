@@ -28,9 +28,16 @@ class FashionCNN(nn.Sequential):
 
     def __init__(self):
         super().__init__(
-            nn.Conv2d(1, 30, 3), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(30, 50, 3), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(1250, 100), nn.ReLU(), nn.Linear(100, 10),
+            nn.Conv2d(1, 30, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(30, 50, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(1250, 100),
+            nn.ReLU(),
+            nn.Linear(100, 10),
         )
 
 
@@ -45,9 +52,18 @@ class FashionCNNBatchNorm(nn.Sequential):
 
     def __init__(self):
         super().__init__(
-            nn.Conv2d(1, 30, 3), nn.BatchNorm2d(30), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(30, 50, 3), nn.BatchNorm2d(50), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(1250, 100), nn.ReLU(), nn.Linear(100, 10),
+            nn.Conv2d(1, 30, 3),
+            nn.BatchNorm2d(30),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(30, 50, 3),
+            nn.BatchNorm2d(50),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(1250, 100),
+            nn.ReLU(),
+            nn.Linear(100, 10),
         )
 
 
@@ -65,9 +81,16 @@ class CifarCNN(nn.Sequential):
 
     def __init__(self):
         super().__init__(
-            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(4096, 128), nn.ReLU(), nn.Linear(128, 10),
+            nn.Conv2d(3, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(4096, 128),
+            nn.ReLU(),
+            nn.Linear(128, 10),
         )
 
 
@@ -104,9 +127,18 @@ class LeNet5(nn.Sequential):
 
     def __init__(self):
         super().__init__(
-            nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10),
+            nn.Conv2d(1, 6, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(400, 120),
+            nn.ReLU(),
+            nn.Linear(120, 84),
+            nn.ReLU(),
+            nn.Linear(84, 10),
         )
 
 
@@ -117,11 +149,17 @@ class BasicBlock(nn.Module):
     def __init__(self, c_in: int, c_out: int, stride: int, norm):
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), norm(c_out), nn.ReLU(),
-            nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False), norm(c_out),
+            nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False),
+            norm(c_out),
+            nn.ReLU(),
+            nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False),
+            norm(c_out),
         )
-        self.shortcut = (nn.Sequential() if stride == 1 and c_in == c_out else
-                         nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), norm(c_out)))
+        self.shortcut = (
+            nn.Sequential()
+            if stride == 1 and c_in == c_out
+            else nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), norm(c_out))
+        )
 
     def forward(self, x):
         return torch.relu(self.body(x) + self.shortcut(x))
@@ -165,8 +203,11 @@ def make_model(name: str, seed: int, image_shape: tuple[int, ...] | None = None)
     cls = MODELS.get(name, "model")
     if image_shape is not None and tuple(image_shape) != cls.input_shape:
         fits = [m for m, c in MODELS.items() if c.input_shape == tuple(image_shape)]
-        raise ConfigError("model", f"{name} takes {'x'.join(map(str, cls.input_shape))} images, the data set has "
-                                   f"{'x'.join(map(str, image_shape))}: set model = {' or '.join(fits) or '(none fits)'}")
+        raise ConfigError(
+            "model",
+            f"{name} takes {'x'.join(map(str, cls.input_shape))} images, the data set has "
+            f"{'x'.join(map(str, image_shape))}: set model = {' or '.join(fits) or '(none fits)'}",
+        )
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:

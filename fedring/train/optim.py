@@ -72,8 +72,9 @@ class ClientOptimizer:
     [1.2000000476837158, 0.6000000238418579]
     """
 
-    def __init__(self, momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
-                 clip_norm: float | None = None):
+    def __init__(
+        self, momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0, clip_norm: float | None = None
+    ):
         self.momentum = real("momentum", momentum, lo=0, hi=1, hi_open=True)
         self.nesterov = bool(nesterov)
         if self.nesterov and self.momentum == 0:
@@ -241,7 +242,8 @@ class ServerYogi(_Beta2):
     """FedYogi: ``v_t = v_{t-1} - (1 - beta2) Delta_t^2 sign(v_{t-1} - Delta_t^2)`` (Algorithm 2).
 
     >>> s = ServerYogi(beta1=0.5, beta2=0.5, tau=1.0)
-    >>> s.update(s.init(1), np.array([7], np.float32), 2.0)[0].item()   # m = 3.5, v = 1 - 0.5 * 49 * sign(1 - 49) = 25.5, 2 * 3.5 / (sqrt(25.5) + 1)
+    >>> # m = 3.5, v = 1 - 0.5 * 49 * sign(1 - 49) = 25.5, step 2 * 3.5 / (sqrt(25.5) + 1)
+    >>> s.update(s.init(1), np.array([7], np.float32), 2.0)[0].item()
     1.1570721864700317
     """
 

@@ -50,7 +50,9 @@ class Step(Schedule):
         if isinstance(milestones, (int, float)) and not isinstance(milestones, bool):
             milestones = [milestones]
         if not isinstance(milestones, (list, tuple)) or not milestones:
-            raise ConfigError("step.milestones", f"must be a list of fractions of the run in (0, 1], got {milestones!r}")
+            raise ConfigError(
+                "step.milestones", f"must be a list of fractions of the run in (0, 1], got {milestones!r}"
+            )
         self.milestones = sorted(real("step.milestones", m, lo=0, hi=1, lo_open=True) for m in milestones)
         self.gamma = real("step.gamma", gamma, lo=0, lo_open=True)
 

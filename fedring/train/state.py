@@ -89,7 +89,9 @@ def scatter_rows(layout: Layout, rows: np.ndarray | None, shape: tuple[int, ...]
     width = int(np.prod(shape))
     out = np.empty((layout.n_local, *shape), dtype)
     counts, displs = _counts(layout, width)
-    send = [np.ascontiguousarray(rows, dtype), counts, displs, MPI._typedict[out.dtype.char]] if layout.rank == 0 else None
+    send = (
+        [np.ascontiguousarray(rows, dtype), counts, displs, MPI._typedict[out.dtype.char]] if layout.rank == 0 else None
+    )
     layout.comm.Scatterv(send, out, root=0)
     return out
 

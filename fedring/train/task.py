@@ -43,11 +43,14 @@ def check_aggregator(cfg: Config) -> None:
     there = aggregator_names(other)
     move = f"a {other} rule: add --topology {other}"
     if cfg.aggregator in there:
-        raise ConfigError("aggregator", f"{cfg.aggregator!r} is {move}; allowed on the {cfg.topology}: {', '.join(here)}")
+        raise ConfigError(
+            "aggregator", f"{cfg.aggregator!r} is {move}; allowed on the {cfg.topology}: {', '.join(here)}"
+        )
     close = check.closest(cfg.aggregator, [*here, *there])
     hint = "" if close is None else f"did you mean {close!r}{'' if close in here else f' ({move})'}? "
-    raise ConfigError("aggregator", f"unknown aggregator {cfg.aggregator!r}; {hint}allowed on the {cfg.topology}: "
-                                    f"{', '.join(here)}")
+    raise ConfigError(
+        "aggregator", f"unknown aggregator {cfg.aggregator!r}; {hint}allowed on the {cfg.topology}: {', '.join(here)}"
+    )
 
 
 def check_components(cfg: Config) -> None:
@@ -74,22 +77,37 @@ def check_components(cfg: Config) -> None:
         if byzantine_count(cfg) == 0:
             raise ConfigError("byzantine", f"--attack {cfg.attack} needs Byzantine clients: set --byzantine")
     make_schedule(cfg.lr_schedule, cfg.section(cfg.lr_schedule))
-    known = sorted({*AGGREGATORS, *PRE_AGGREGATORS, *RING_RULES, *(s for s in SCHEDULES if s != "constant"), "attack",
-                    *SERVER_OPTIMIZERS, "shards"})
+    known = sorted(
+        {
+            *AGGREGATORS,
+            *PRE_AGGREGATORS,
+            *RING_RULES,
+            *(s for s in SCHEDULES if s != "constant"),
+            "attack",
+            *SERVER_OPTIMIZERS,
+            "shards",
+        }
+    )
     used = {cfg.aggregator, *cfg.pre_aggregators, cfg.lr_schedule, "attack", cfg.server_optimizer, cfg.partition}
     if cfg.topology == "server" and cfg.aggregator == "hplus":
         used.add(cfg.section("hplus").get("base", "median"))  # its base rule takes its own section
     for section in cfg.sections:
         if section not in known:
-            raise ConfigError(section, f"unknown settings section; {check.suggestion(section, known)}"
-                                       f"allowed: {', '.join(known)}")
+            raise ConfigError(
+                section, f"unknown settings section; {check.suggestion(section, known)}allowed: {', '.join(known)}"
+            )
         if section not in used and cfg.sections[section]:
-            raise ConfigError(section, f"settings of {section}, which this run does not use (aggregator "
-                                       f"{cfg.aggregator}, lr_schedule {cfg.lr_schedule}, server_optimizer "
-                                       f"{cfg.server_optimizer}, partition {cfg.partition}): remove them, or select it")
+            raise ConfigError(
+                section,
+                f"settings of {section}, which this run does not use (aggregator "
+                f"{cfg.aggregator}, lr_schedule {cfg.lr_schedule}, server_optimizer "
+                f"{cfg.server_optimizer}, partition {cfg.partition}): remove them, or select it",
+            )
     if "relay_clients" in cfg.section(cfg.aggregator):
-        raise ConfigError(f"{cfg.aggregator}.relay_clients", "in a run the Byzantine clients are the relays: "
-                                                             "choose them with --byzantine and byzantine_select")
+        raise ConfigError(
+            f"{cfg.aggregator}.relay_clients",
+            "in a run the Byzantine clients are the relays: choose them with --byzantine and byzantine_select",
+        )
 
 
 @TASKS.register
@@ -108,8 +126,11 @@ class TrainTask(Task):
         check.integer("clients", cfg.clients, lo=1)
         samples = DATASETS[cfg.dataset].train_samples
         if samples is not None and cfg.clients > samples:
-            raise ConfigError("clients", f"{cfg.clients} clients but {cfg.dataset} has {samples:,} training samples: "
-                                         "every client needs at least one")
+            raise ConfigError(
+                "clients",
+                f"{cfg.clients} clients but {cfg.dataset} has {samples:,} training samples: "
+                "every client needs at least one",
+            )
         check.integer("threads", cfg.threads, lo=1, hi=MAX_THREADS)
         if cfg.model == "cnn":  # the default model: the one that fits the data set's images
             cfg.model = DATASETS[cfg.dataset].model
@@ -120,15 +141,20 @@ class TrainTask(Task):
         if cfg.byzantine < 0 or (cfg.byzantine >= 1 and not float(cfg.byzantine).is_integer()):
             raise ConfigError("byzantine", f"a fraction in [0, 1) or a whole count of clients, got {cfg.byzantine}")
         if byzantine_count(cfg) >= cfg.clients:
-            raise ConfigError("byzantine", f"{byzantine_count(cfg)} Byzantine of {cfg.clients} clients leaves no honest client")
+            raise ConfigError(
+                "byzantine", f"{byzantine_count(cfg)} Byzantine of {cfg.clients} clients leaves no honest client"
+            )
         if cfg.declared_f is not None:
             check.integer("declared_f", cfg.declared_f, lo=0, hi=cfg.clients - 1)
         check.real("lr", cfg.lr, lo=0, lo_open=True)
         if cfg.local_epochs is not None:
             check.integer("local_epochs", cfg.local_epochs, lo=1)
             if cfg.local_steps != 1:
-                raise ConfigError("local_epochs", f"local_epochs ({cfg.local_epochs}) and local_steps "
-                                                  f"({cfg.local_steps}) both set the local work: give one of them")
+                raise ConfigError(
+                    "local_epochs",
+                    f"local_epochs ({cfg.local_epochs}) and local_steps "
+                    f"({cfg.local_steps}) both set the local work: give one of them",
+                )
         check.real("validation", cfg.validation, lo=0, hi=1, hi_open=True)
         check.choice("bn_stats", cfg.bn_stats, ("aggregate", "local"))
         if cfg.partition == "fang":
@@ -143,8 +169,10 @@ class TrainTask(Task):
 
         cfg = self.cfg
         attack = "" if cfg.attack == "none" else f"-{short(cfg.attack)}"
-        return (f"results/{cfg.topology}-{short(cfg.aggregator)}{attack}-{short(cfg.dataset)}-n{cfg.clients}"
-                f"-seed{cfg.seed}.h5")
+        return (
+            f"results/{cfg.topology}-{short(cfg.aggregator)}{attack}-{short(cfg.dataset)}-n{cfg.clients}"
+            f"-seed{cfg.seed}.h5"
+        )
 
     def steps(self) -> tuple[int, str]:
         return self.cfg.rounds, "rounds"
@@ -152,14 +180,22 @@ class TrainTask(Task):
     def banner(self, world_size: int) -> str:
         cfg = self.cfg
         b = byzantine_count(cfg)
-        rule = cfg.aggregator + (f" ({cfg.section('brace').get('rule', 'paper')} rule)" if cfg.aggregator == "brace" else "")
+        rule = cfg.aggregator + (
+            f" ({cfg.section('brace').get('rule', 'paper')} rule)" if cfg.aggregator == "brace" else ""
+        )
         if cfg.pre_aggregators:
             rule = "+".join([*cfg.pre_aggregators, rule])
-        attack = f", {b} Byzantine ({100 * b / cfg.clients:.0f} %) {'attacking: ' + cfg.attack if cfg.attack != 'none' else 'behaving honestly'}" if b else ", no Byzantine clients"
+        attack = (
+            f", {b} Byzantine ({100 * b / cfg.clients:.0f} %) {'attacking: ' + cfg.attack if cfg.attack != 'none' else 'behaving honestly'}"
+            if b
+            else ", no Byzantine clients"
+        )
         schedule = "" if cfg.lr_schedule == "constant" else f" ({cfg.lr_schedule} schedule)"
-        return (f"fedring: train: {cfg.topology} topology, {rule}; {cfg.clients} clients on {world_size} rank"
-                f"{'s' if world_size > 1 else ''}{attack}; {cfg.dataset}, {cfg.rounds} rounds, lr {cfg.lr:g}{schedule}, "
-                f"seed {cfg.seed} -> {cfg.out}")
+        return (
+            f"fedring: train: {cfg.topology} topology, {rule}; {cfg.clients} clients on {world_size} rank"
+            f"{'s' if world_size > 1 else ''}{attack}; {cfg.dataset}, {cfg.rounds} rounds, lr {cfg.lr:g}{schedule}, "
+            f"seed {cfg.seed} -> {cfg.out}"
+        )
 
     def prepare(self, comm):
         from fedring.job import Driver

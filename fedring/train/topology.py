@@ -42,8 +42,9 @@ class RingTopology:
 
     def __init__(self, cfg: Config, net: Network, byzantine: np.ndarray, d: int):
         self.net = net
-        self.rule = RING_RULES.build(cfg.aggregator, cfg.section(cfg.aggregator), key="aggregator",
-                                     n_clients=cfg.clients, seed=cfg.seed)
+        self.rule = RING_RULES.build(
+            cfg.aggregator, cfg.section(cfg.aggregator), key="aggregator", n_clients=cfg.clients, seed=cfg.seed
+        )
         self.rule.set_byzantine(byzantine)
         self.state: dict[str, np.ndarray] = {}
 
@@ -62,8 +63,10 @@ class ServerTopology:
     def __init__(self, cfg: Config, net: Network, byzantine: np.ndarray, d: int):
         self.cfg, self.net, self.d = cfg, net, d
         # the rule's section, and the sections of the components it may use (pre-aggregators, H+'s base)
-        params = {**cfg.section(cfg.aggregator),
-                  **{k: v for k, v in cfg.sections.items() if k in PRE_AGGREGATORS or k in AGGREGATORS}}
+        params = {
+            **cfg.section(cfg.aggregator),
+            **{k: v for k, v in cfg.sections.items() if k in PRE_AGGREGATORS or k in AGGREGATORS},
+        }
         params.pop(cfg.aggregator, None)
         self.rule = make_aggregator(cfg.aggregator, defence_f(cfg), params, pre=cfg.pre_aggregators)
         reason = self.rule.check(cfg.clients)

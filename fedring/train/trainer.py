@@ -48,8 +48,9 @@ class Adversary:
     clients' updates through an explicit side channel (ledger phase ``adversary``), whose
     bytes are never counted as protocol traffic."""
 
-    def __init__(self, cfg: Config, net: Network, byzantine: np.ndarray, topology: RingTopology | ServerTopology,
-                 lr_at):
+    def __init__(
+        self, cfg: Config, net: Network, byzantine: np.ndarray, topology: RingTopology | ServerTopology, lr_at
+    ):
         self.cfg, self.net, self.topology, self.lr_at = cfg, net, topology, lr_at
         self.byzantine = byzantine
         self.is_byzantine = np.zeros(cfg.clients, bool)
@@ -64,9 +65,15 @@ class Adversary:
         return self.data_attack is not None and self.is_byzantine[client]
 
     def context(self, rng: np.random.Generator, t: int, reference: np.ndarray | None = None) -> AttackContext:
-        return AttackContext(rng=rng, n=self.cfg.clients, f=self.f, lr=self.lr_at(t), round=t,
-                             aggregator=lambda X: self.topology.reference_rule(X, reference),
-                             aggregator_name=self.cfg.aggregator)
+        return AttackContext(
+            rng=rng,
+            n=self.cfg.clients,
+            f=self.f,
+            lr=self.lr_at(t),
+            round=t,
+            aggregator=lambda X: self.topology.reference_rule(X, reference),
+            aggregator_name=self.cfg.aggregator,
+        )
 
     def attack_model(self, grads: np.ndarray, t: int, reference: np.ndarray | None) -> None:
         """Replace the Byzantine clients' rows of ``grads`` (this rank's clients) in place."""
@@ -106,9 +113,16 @@ class Trainer:
         self.topology = make_topology(cfg, self.net, self.byzantine, self.d)
         self.adversary = Adversary(cfg, self.net, self.byzantine, self.topology, self.lr_at)
         self.data = FederatedData(
-            cfg.dataset, cfg.data_dir, cfg.clients, self.layout.local_clients, cfg.partition, cfg.noniid, cfg.seed,
+            cfg.dataset,
+            cfg.data_dir,
+            cfg.clients,
+            self.layout.local_clients,
+            cfg.partition,
+            cfg.noniid,
+            cfg.seed,
             server_samples=cfg.server_samples if self.topology.needs_reference and comm.rank == 0 else 0,
-            shards_per_client=cfg.section("shards").get("per_client", 2), validation=cfg.validation,
+            shards_per_client=cfg.section("shards").get("per_client", 2),
+            validation=cfg.validation,
         )
         self.grads = np.empty((self.layout.n_local, self.d), np.float32)
         self.client_opt = ClientOptimizer(cfg.momentum, cfg.nesterov, cfg.weight_decay, cfg.clip_norm)
@@ -125,15 +139,20 @@ class Trainer:
         0 writes them (:class:`fedring.train.state.CheckpointRows`), before its next collective."""
         buffers = self.buffers.checkpoint()
         clients = {f"client_{k}": checkpoint_rows(self.rows_comm, self.layout, v) for k, v in self.client_state.items()}
-        return {"w": self.w, **{f"state_{k}": v for k, v in self.topology.state.items()},
-                **{f"optim_{k}": v for k, v in self.server_state.items()}, **buffers, **clients}
+        return {
+            "w": self.w,
+            **{f"state_{k}": v for k, v in self.topology.state.items()},
+            **{f"optim_{k}": v for k, v in self.server_state.items()},
+            **buffers,
+            **clients,
+        }
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
         """Collective: continue from :meth:`checkpoint_arrays` as stored. ``arrays`` holds all but
         the clients' rows (:data:`PER_RANK`), which each rank reads for its own clients."""
 
         def prefixed(prefix: str) -> dict[str, np.ndarray]:
-            return {k[len(prefix):]: np.array(v) for k, v in arrays.items() if k.startswith(prefix)}
+            return {k[len(prefix) :]: np.array(v) for k, v in arrays.items() if k.startswith(prefix)}
 
         self.w[:] = arrays["w"]
         load_flat(self.model, self.w)

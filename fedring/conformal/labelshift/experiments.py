@@ -146,13 +146,15 @@ class LogitsExperiment:
     def __init__(self, logits: np.ndarray, labels: np.ndarray, seed: int, temperature: float = 1.0):
         c = logits.shape[1]
         if c < 4:
-            raise ConfigError("labelshift.logits", f"the protocol needs at least 4 classes (agents 2 and 4 are "
-                                                   f"special), got {c}")
+            raise ConfigError(
+                "labelshift.logits", f"the protocol needs at least 4 classes (agents 2 and 4 are special), got {c}"
+            )
         per_class = np.bincount(labels, minlength=c)
         if per_class.min() < 2:
             k = int(per_class.argmin())
-            raise ConfigError("labelshift.logits", f"every class needs >= 2 examples (one per half); class {k} "
-                                                   f"has {per_class[k]}")
+            raise ConfigError(
+                "labelshift.logits", f"every class needs >= 2 examples (one per half); class {k} has {per_class[k]}"
+            )
         self.seed = seed
         self.probs = softmax(logits, temperature)
         self.labels = labels
@@ -228,8 +230,9 @@ def logits_from_run(run_h5: str, data_dir: str | None = None) -> tuple[np.ndarra
         name = config.get("model", "cnn")
         raise ConfigError(key, f"/model/final has {flat.size} values, model {name!r} needs {need}")
     models.load_flat(model, flat)
-    dataset = DATASETS.build(config.get("dataset", "fashion-mnist"), {}, key=key,
-                             data_dir=data_dir or config.get("data_dir"))
+    dataset = DATASETS.build(
+        config.get("dataset", "fashion-mnist"), {}, key=key, data_dir=data_dir or config.get("data_dir")
+    )
     labels = dataset.test_labels()
     images = dataset.test_images(np.arange(len(labels)))
     model.eval()

@@ -83,8 +83,9 @@ class Variant:
     value: float
 
 
-def variants(methods: Sequence[str], epsilon: Sequence[float] = (), sigma_g: Sequence[float] = (),
-             count_noise: float = 0.0) -> list[Variant]:
+def variants(
+    methods: Sequence[str], epsilon: Sequence[float] = (), sigma_g: Sequence[float] = (), count_noise: float = 0.0
+) -> list[Variant]:
     """The federated variants the methods ask for: ``nonprivate``, then one ``dp`` variant per
     epsilon and per sigma_g value (``sigma_g = 10`` when neither is given).
 
@@ -144,8 +145,16 @@ class Plan:
     shared_subsample: bool = False
 
     def check(self) -> Plan:
-        check_numbers(alpha=self.alpha, delta=self.delta, count_noise=self.count_noise, rounds=self.rounds,
-                      local_steps=self.local_steps, gamma=self.gamma, eta=self.eta, participants=self.participants)
+        check_numbers(
+            alpha=self.alpha,
+            delta=self.delta,
+            count_noise=self.count_noise,
+            rounds=self.rounds,
+            local_steps=self.local_steps,
+            gamma=self.gamma,
+            eta=self.eta,
+            participants=self.participants,
+        )
         return self
 
 
@@ -162,8 +171,9 @@ class Protocol:
         self.local_clients = list(self.lay.local_clients)
         self.variants = list(plan.variants)
         # weight sources: 0 = exact label counts, 1 = privatised counts
-        self.sources = sorted({int(v.noisy_counts) for v in self.variants}
-                              | ({0} if "weighted" in plan.baselines else set()))
+        self.sources = sorted(
+            {int(v.noisy_counts) for v in self.variants} | ({0} if "weighted" in plan.baselines else set())
+        )
         self.participants = plan.participants or self.n
         self.eta = plan.eta if plan.eta is not None else plan.gamma / 10
         self.q0 = plan.q0 if plan.q0 is not None else 1 - plan.alpha
@@ -205,8 +215,12 @@ class Protocol:
         w = None
         if gathered is not None:  # on the server
             g = gathered.reshape(self.n, len(self.sources), b, c)
-            w = np.array([[[mle_weights(g[:, si, bi], star) for star in self.targets] for bi in range(b)]
-                          for si in range(len(self.sources))])
+            w = np.array(
+                [
+                    [[mle_weights(g[:, si, bi], star) for star in self.targets] for bi in range(b)]
+                    for si in range(len(self.sources))
+                ]
+            )
         shape = (len(self.sources), b, len(self.targets), c)
         w = self.net.broadcast_from_server(w, "labelshift/weights", shape, np.float64)
         return {src: w[si] for si, src in enumerate(self.sources)}
@@ -222,8 +236,10 @@ class Protocol:
         nbar = None
         if self.server:
             per_trial = 1 if plan.shared_subsample else c
-            draws = [subsample_sizes(self.sizes, generator(plan.seed, Stream.LS_MULTINOMIAL, step=t), per_trial)
-                     for t in trials]
+            draws = [
+                subsample_sizes(self.sizes, generator(plan.seed, Stream.LS_MULTINOMIAL, step=t), per_trial)
+                for t in trials
+            ]
             nbar = np.array([np.repeat(d, c, axis=0) if plan.shared_subsample else d for d in draws])
         nbar = self.net.broadcast_from_server(nbar, "labelshift/subsample", (b, c, self.n), np.int64)
         selected: dict[int, list] = {}
@@ -293,16 +309,31 @@ class Protocol:
                     d = local[i][bi]
                     for s in range(n_tg):
                         for y in range(c):
-                            vals, wts, mass = local_measure(d.scores, d.labels, selected[i][bi][y], w_hat[src][bi, s],
-                                                            y, int(self.sizes[i]), self.n_total)
+                            vals, wts, mass = local_measure(
+                                d.scores,
+                                d.labels,
+                                selected[i][bi][y],
+                                w_hat[src][bi, s],
+                                y,
+                                int(self.sizes[i]),
+                                self.n_total,
+                            )
                             values.append(vals)
                             weights.append(wts / mass if mass > 0 else np.zeros_like(wts))
         rows = AtomRows(values, weights, plan.alpha, plan.gamma)
         noise = self._noise(trials, sigma) if np.any(sigma > 0) else None
         participation = self._participation(trials) if self.participants < self.n and self.server else None
-        q_hat = dp_fedavgqe(rows, None if lam_all is None else lam_all.reshape(self.n, n_q), q0=np.full(n_q, self.q0),
-                            rounds=plan.rounds, local_steps=plan.local_steps, eta=self.eta, noise=noise,
-                            participation=participation, net=net)
+        q_hat = dp_fedavgqe(
+            rows,
+            None if lam_all is None else lam_all.reshape(self.n, n_q),
+            q0=np.full(n_q, self.q0),
+            rounds=plan.rounds,
+            local_steps=plan.local_steps,
+            eta=self.eta,
+            noise=noise,
+            participation=participation,
+            net=net,
+        )
         res: dict[str, np.ndarray | None] = {"fed_q": q_hat.reshape(shape)}
         if lam_all is not None:  # on the server
             res.update(fed_sigma=sigma, fed_eps=eps, fed_lam_max=lam_all.max(axis=0))
@@ -316,11 +347,21 @@ class Protocol:
         (its noise would be multiplied by 0), which changes no result.
         """
         plan, c, k = self.plan, self.c, self.plan.local_steps
-        jobs = [(v, t, star) if np.any(sigma[vi] > 0) else None
-                for vi, v in enumerate(self.variants) for t in trials for star in self.targets]
-        gens = [[None if job is None else generator(plan.seed, Stream.LS_GRAD_NOISE, client=i, step=job[1],
-                                                    extra=(job[2], job[0].number)) for job in jobs]
-                for i in self.local_clients]
+        jobs = [
+            (v, t, star) if np.any(sigma[vi] > 0) else None
+            for vi, v in enumerate(self.variants)
+            for t in trials
+            for star in self.targets
+        ]
+        gens = [
+            [
+                None
+                if job is None
+                else generator(plan.seed, Stream.LS_GRAD_NOISE, client=i, step=job[1], extra=(job[2], job[0].number))
+                for job in jobs
+            ]
+            for i in self.local_clients
+        ]
         sig = sigma.reshape(-1)
         chunk, buf = 50, dict[int, np.ndarray]()
 
@@ -329,8 +370,9 @@ class Protocol:
             if start not in buf:
                 buf.clear()
                 m = min(chunk, plan.rounds - start)
-                buf[start] = np.array([[np.zeros((m, k, c)) if g is None else g.standard_normal((m, k, c)) for g in row]
-                                       for row in gens])
+                buf[start] = np.array(
+                    [[np.zeros((m, k, c)) if g is None else g.standard_normal((m, k, c)) for g in row] for row in gens]
+                )
             z = buf[start][:, :, t - start]  # (A, jobs, K, C)
             return z.transpose(2, 0, 1, 3).reshape(k, len(gens), len(jobs) * c) * sig
 
@@ -339,8 +381,12 @@ class Protocol:
     def _participation(self, trials: list[int]):
         """``t -> (n, columns) bool``: the agents the server samples in round ``t``, per column."""
         plan, n, s = self.plan, self.n, self.participants
-        gens = [generator(plan.seed, Stream.LS_PARTICIPATION, step=t, extra=(star, v.number))
-                for v in self.variants for t in trials for star in self.targets]
+        gens = [
+            generator(plan.seed, Stream.LS_PARTICIPATION, step=t, extra=(star, v.number))
+            for v in self.variants
+            for t in trials
+            for star in self.targets
+        ]
 
         def participation(t: int) -> np.ndarray:
             mask = np.zeros((n, len(gens)), dtype=bool)
@@ -395,7 +441,8 @@ class Protocol:
                     for y in range(c):
                         pick = ok & g_sel[:, bi, y]
                         exact_by_src[src][bi, s, y] = label_shift_thresholds(
-                            g_sc[:, bi][pick], g_lb[:, bi][pick], cal["w_hat"][src][bi, s], plan.alpha)[y]
+                            g_sc[:, bi][pick], g_lb[:, bi][pick], cal["w_hat"][src][bi, s], plan.alpha
+                        )[y]
         if "weighted" in out:
             out["weighted"] = exact_by_src[0]
         return {"thresholds": out, "exact": {v.name: exact_by_src[int(v.noisy_counts)] for v in self.variants}}
@@ -511,11 +558,24 @@ def dp_fedcp_thresholds(
         real("epsilon", epsilon, lo=0, lo_open=True)
     else:
         real("sigma_g", sigma_g, lo=0)
-    chosen = variants(["dp"], [epsilon] if epsilon is not None else [], [] if epsilon is not None else [sigma_g],
-                      count_noise)
-    plan = Plan(seed=seed, targets=(star,), variants=tuple(chosen), alpha=alpha, delta=delta, count_noise=count_noise,
-                rounds=rounds, local_steps=local_steps, gamma=gamma, eta=eta, q0=q0, participants=participants,
-                shared_subsample=shared_subsample).check()
+    chosen = variants(
+        ["dp"], [epsilon] if epsilon is not None else [], [] if epsilon is not None else [sigma_g], count_noise
+    )
+    plan = Plan(
+        seed=seed,
+        targets=(star,),
+        variants=tuple(chosen),
+        alpha=alpha,
+        delta=delta,
+        count_noise=count_noise,
+        rounds=rounds,
+        local_steps=local_steps,
+        gamma=gamma,
+        eta=eta,
+        q0=q0,
+        participants=participants,
+        shared_subsample=shared_subsample,
+    ).check()
     sizes = np.array([local[i][0].scores.size for i in range(n)])
     net = Network(Layout(n, MPI.COMM_SELF))
     try:

@@ -129,7 +129,6 @@ def unweighted_threshold(scores: np.ndarray, alpha: float) -> float:
     return min(split_conformal_quantile(np.asarray(scores, dtype=np.float64), alpha), 1.0)
 
 
-
 def moreau_pinball(q, v, alpha: float, gamma: float):
     """Moreau envelope ``S^gamma_{alpha,v}(q)`` of the pinball loss, eq. (18) (Lemma A.1).
 
@@ -259,4 +258,3 @@ def smoothed_quantile(values: np.ndarray, weights: np.ndarray, alpha: float, gam
         if hi - lo < 1e-15:
             break
     return 0.5 * (lo + hi)
-

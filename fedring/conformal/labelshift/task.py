@@ -55,10 +55,12 @@ from .privacy import count_noise_epsilon, sigma_g_min
 from .protocol import BASELINES, METHODS, Plan, Protocol, check_numbers, variants
 
 EXPERIMENTS = ("gaussians", "logits")
-DESCRIPTION = ("DP-FedCP: federated conformal prediction under label shift, with differential privacy (Plassier et "
-               "al., ICML 2023). Runs the paper's Gaussian simulation or its CIFAR-10 protocol on a classifier's "
-               "logits; results stream to an HDF5 file (/calibration). Every option is also a settings key "
-               "labelshift.<name> (--set, or a [labelshift] section of a TOML file); docs/labelshift.md.")
+DESCRIPTION = (
+    "DP-FedCP: federated conformal prediction under label shift, with differential privacy (Plassier et "
+    "al., ICML 2023). Runs the paper's Gaussian simulation or its CIFAR-10 protocol on a classifier's "
+    "logits; results stream to an HDF5 file (/calibration). Every option is also a settings key "
+    "labelshift.<name> (--set, or a [labelshift] section of a TOML file); docs/labelshift.md."
+)
 FIELDS = ("coverage", "size", "threshold", "exact_threshold", "sigma_g", "epsilon", "lambda_max")
 
 # The paper gives no numbers (its results are plots); these are its claims about each curve.
@@ -82,45 +84,68 @@ PAPER_DP_CLAIM = "robustness decreases as sigma_g grows (Fig. 3b, ImageNet)"
 class LabelShiftSettings:
     """The section ``[labelshift]``: what a ``conformal labelshift`` run computes."""
 
-    experiment: str | None = field(default=None, metadata={
-        "help": "gaussians (the paper's simulation) or logits (its CIFAR-10 protocol on a classifier's test logits); "
-                "none: logits with --logits or --model-from, else gaussians"})
-    methods: list = field(default_factory=lambda: list(METHODS), metadata={
-        "help": "methods to run, or all"})
-    logits: str | None = field(default=None, metadata={
-        "help": "F.npz with arrays logits (N, C) and labels (N,) of a labelled test set"})
-    model_from: str | None = field(default=None, metadata={
-        "help": "RUN.h5 of a fedring training run: its /model/final model on its data set's test set"})
-    save_logits: str | None = field(default=None, metadata={
-        "help": "with --model-from: also save the logits it computes (F.npz)"})
+    experiment: str | None = field(
+        default=None,
+        metadata={
+            "help": "gaussians (the paper's simulation) or logits (its CIFAR-10 protocol on a classifier's test logits); "
+            "none: logits with --logits or --model-from, else gaussians"
+        },
+    )
+    methods: list = field(default_factory=lambda: list(METHODS), metadata={"help": "methods to run, or all"})
+    logits: str | None = field(
+        default=None, metadata={"help": "F.npz with arrays logits (N, C) and labels (N,) of a labelled test set"}
+    )
+    model_from: str | None = field(
+        default=None,
+        metadata={"help": "RUN.h5 of a fedring training run: its /model/final model on its data set's test set"},
+    )
+    save_logits: str | None = field(
+        default=None, metadata={"help": "with --model-from: also save the logits it computes (F.npz)"}
+    )
     trials: int = field(default=100, metadata={"help": "independent trials (the paper: 1000)"})
     alpha: float = field(default=0.1, metadata={"help": "miscoverage level: target coverage 1 - alpha"})
-    epsilon: list[float] = field(default_factory=list, metadata={
-        "help": "dp: per-query epsilon values, one dp variant each, its sigma_g set by Theorem 4.4"})
-    sigma_g: list[float] = field(default_factory=list, metadata={
-        "help": "dp: gradient-noise std values, one dp variant each; without epsilon and sigma_g, dp uses 10"})
+    epsilon: list[float] = field(
+        default_factory=list,
+        metadata={"help": "dp: per-query epsilon values, one dp variant each, its sigma_g set by Theorem 4.4"},
+    )
+    sigma_g: list[float] = field(
+        default_factory=list,
+        metadata={
+            "help": "dp: gradient-noise std values, one dp variant each; without epsilon and sigma_g, dp uses 10"
+        },
+    )
     delta: float = field(default=1e-5, metadata={"help": "dp: per-query delta"})
-    count_noise: float = field(default=0.0, metadata={
-        "help": "dp: discrete-Gaussian std on the released label counts (Algorithm 2)"})
+    count_noise: float = field(
+        default=0.0, metadata={"help": "dp: discrete-Gaussian std on the released label counts (Algorithm 2)"}
+    )
     rounds: int = field(default=1000, metadata={"help": "Algorithm 1: rounds T"})
     local_steps: int = field(default=10, metadata={"help": "Algorithm 1: local steps K"})
     gamma: float = field(default=0.01, metadata={"help": "Algorithm 1: Moreau parameter"})
-    eta: float | None = field(default=None, metadata={
-        "help": "Algorithm 1: step size; none: gamma/10, the largest Theorem 4.1 allows"})
+    eta: float | None = field(
+        default=None, metadata={"help": "Algorithm 1: step size; none: gamma/10, the largest Theorem 4.1 allows"}
+    )
     q0: float | None = field(default=None, metadata={"help": "Algorithm 1: initial quantile; none: 1 - alpha"})
-    participants: int | None = field(default=None, metadata={
-        "help": "Algorithm 1: agents sampled per round, S; none: all"})
-    targets: list[int] | None = field(default=None, metadata={
-        "help": "target agents, 1-based, or all (also spelt 0); none: the experiment's (agent 2 of gaussians, "
-                "agent 4 of logits)"})
+    participants: int | None = field(
+        default=None, metadata={"help": "Algorithm 1: agents sampled per round, S; none: all"}
+    )
+    targets: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "target agents, 1-based, or all (also spelt 0); none: the experiment's (agent 2 of gaussians, "
+            "agent 4 of logits)"
+        },
+    )
     temperature: float = field(default=1.0, metadata={"help": "logits: softmax temperature"})
     test_size: int = field(default=1000, metadata={"help": "gaussians: test points per trial"})
-    bayes_prior: str = field(default="pooled", metadata={
-        "help": "gaussians: prior of the Bayes classifier: pooled, uniform or target"})
-    shared_subsample: bool = field(default=False, metadata={
-        "help": "one multinomial subsample per trial instead of one per query label"})
-    trial_batch: int = field(default=20, metadata={
-        "help": "trials solved together (speed and memory only: the results do not depend on it)"})
+    bayes_prior: str = field(
+        default="pooled", metadata={"help": "gaussians: prior of the Bayes classifier: pooled, uniform or target"}
+    )
+    shared_subsample: bool = field(
+        default=False, metadata={"help": "one multinomial subsample per trial instead of one per query label"}
+    )
+    trial_batch: int = field(
+        default=20, metadata={"help": "trials solved together (speed and memory only: the results do not depend on it)"}
+    )
 
     def check(self) -> None:
         """Ranges and combinations (the checks that need the number of agents: :func:`check_agents`)."""
@@ -131,9 +156,18 @@ class LabelShiftSettings:
         if not methods:
             raise ConfigError(key + "methods", f"name at least one: {', '.join(METHODS)}, or all")
         self.methods = list(METHODS) if "all" in methods else methods
-        check_numbers(key, alpha=self.alpha, gamma=self.gamma, eta=self.eta, delta=self.delta,
-                      count_noise=self.count_noise, rounds=self.rounds, local_steps=self.local_steps,
-                      participants=self.participants, temperature=self.temperature)
+        check_numbers(
+            key,
+            alpha=self.alpha,
+            gamma=self.gamma,
+            eta=self.eta,
+            delta=self.delta,
+            count_noise=self.count_noise,
+            rounds=self.rounds,
+            local_steps=self.local_steps,
+            participants=self.participants,
+            temperature=self.temperature,
+        )
         for name in ("trials", "test_size", "trial_batch"):
             integer(key + name, getattr(self, name), lo=1)
         self.epsilon = list(dict.fromkeys(real(key + "epsilon", e, lo=0, lo_open=True) for e in self.epsilon))
@@ -147,8 +181,9 @@ class LabelShiftSettings:
         if self.experiment == "logits" and not (self.logits or self.model_from):
             raise ConfigError(key + "experiment", "logits needs --logits F.npz or --model-from RUN.h5")
         if self.experiment == "gaussians" and (self.logits or self.model_from):
-            raise ConfigError(key + "experiment", "gaussians is simulated: drop --logits/--model-from, or use "
-                                                  "--experiment logits")
+            raise ConfigError(
+                key + "experiment", "gaussians is simulated: drop --logits/--model-from, or use --experiment logits"
+            )
         if self.save_logits and not self.model_from:
             raise ConfigError(key + "save_logits", "only with --model-from (it saves the logits computed from the run)")
         if (self.epsilon or self.sigma_g or self.count_noise) and "dp" not in self.methods:
@@ -170,8 +205,11 @@ def settings_of(cfg: Config) -> LabelShiftSettings:
 def check_agents(settings: LabelShiftSettings, experiment: str, n: int, world_size: int) -> list[int]:
     """The checks that need the number of agents ``n``; returns the target agents, 0-based."""
     if n < world_size:
-        raise ConfigError("ranks", f"the {experiment} experiment has {n} agents and each MPI rank hosts at least "
-                                   f"one: run it on at most {n} ranks, got {world_size}")
+        raise ConfigError(
+            "ranks",
+            f"the {experiment} experiment has {n} agents and each MPI rank hosts at least "
+            f"one: run it on at most {n} ranks, got {world_size}",
+        )
     if settings.participants is not None:
         integer("labelshift.participants", settings.participants, lo=1, hi=n)
     for e in settings.epsilon:  # Theorem 4.4's domain: a bad (epsilon, delta) fails here, before any work
@@ -236,17 +274,30 @@ class LabelShiftJob(TrialJob):
     size_kind = "set size"
     settings: LabelShiftSettings
 
-    def __init__(self, cfg: Config, comm: MPI.Comm, net: Network, settings: LabelShiftSettings, exp,
-                 targets: list[int]):
+    def __init__(
+        self, cfg: Config, comm: MPI.Comm, net: Network, settings: LabelShiftSettings, exp, targets: list[int]
+    ):
         super().__init__(cfg, comm, net)
         s = self.settings = settings
         self.exp, self.targets = exp, targets
         self.alpha, self.trials, self.batch = s.alpha, s.trials, s.trial_batch
         self.variants = variants(s.methods, s.epsilon, s.sigma_g, s.count_noise)
-        plan = Plan(seed=cfg.seed, targets=tuple(targets), baselines=tuple(m for m in BASELINES if m in s.methods),
-                    variants=tuple(self.variants), alpha=s.alpha, delta=s.delta, count_noise=s.count_noise,
-                    rounds=s.rounds, local_steps=s.local_steps, gamma=s.gamma, eta=s.eta, q0=s.q0,
-                    participants=s.participants, shared_subsample=s.shared_subsample)
+        plan = Plan(
+            seed=cfg.seed,
+            targets=tuple(targets),
+            baselines=tuple(m for m in BASELINES if m in s.methods),
+            variants=tuple(self.variants),
+            alpha=s.alpha,
+            delta=s.delta,
+            count_noise=s.count_noise,
+            rounds=s.rounds,
+            local_steps=s.local_steps,
+            gamma=s.gamma,
+            eta=s.eta,
+            q0=s.q0,
+            participants=s.participants,
+            shared_subsample=s.shared_subsample,
+        )
         self.protocol = Protocol(plan, exp.sizes, exp.n_classes, net)
         self.names = [*plan.baselines, *(v.name for v in self.variants)]
         self.cases = [self._case(name, t) for t in targets for name in self.names]
@@ -258,10 +309,16 @@ class LabelShiftJob(TrialJob):
                 case["sigma_g"] = 0.0
             elif v.name == name:
                 noise = self.settings.count_noise if v.noisy_counts else 0.0
-                case.update({"method": "dp", v.noise_set_by: v.value,
-                             "weights": "privatised counts" if v.noisy_counts else "exact counts",
-                             "delta": self.settings.delta, "count_noise": noise,
-                             "count_noise_epsilon": count_noise_epsilon(noise, self.settings.delta) if noise else 0.0})
+                case.update(
+                    {
+                        "method": "dp",
+                        v.noise_set_by: v.value,
+                        "weights": "privatised counts" if v.noisy_counts else "exact counts",
+                        "delta": self.settings.delta,
+                        "count_noise": noise,
+                        "count_noise_epsilon": count_noise_epsilon(noise, self.settings.delta) if noise else 0.0,
+                    }
+                )
         return case
 
     def run_batch(self, trials: list[int]) -> list[dict] | None:
@@ -289,24 +346,33 @@ class LabelShiftJob(TrialJob):
         s, exp = self.settings, self.exp
         eta = s.eta if s.eta is not None else s.gamma / 10
         cov = rows["coverage"]
-        lines = [f"DP-FedCP label shift, experiment={exp.name}, trials={cov.shape[0]}, alpha={s.alpha:g} (target "
-                 f"coverage {1 - s.alpha:g}); T={s.rounds} K={s.local_steps} gamma={s.gamma:g} eta={eta:g}",
-                 "The paper reports no numbers (Figs. 1-3 are plots): its claims are quoted."]
+        lines = [
+            f"DP-FedCP label shift, experiment={exp.name}, trials={cov.shape[0]}, alpha={s.alpha:g} (target "
+            f"coverage {1 - s.alpha:g}); T={s.rounds} K={s.local_steps} gamma={s.gamma:g} eta={eta:g}",
+            "The paper reports no numbers (Figs. 1-3 are plots): its claims are quoted.",
+        ]
         claims = PAPER_CLAIMS.get(exp.name, {})
         privacy = privacy_summary(self.cases, rows)
         for ti, star in enumerate(self.targets):
-            lines += ["", f"target agent {star + 1} (N={int(exp.sizes[star])})",
-                      f"  {'method':<20} {'coverage':>8} {'sd':>7} {'5%':>7} {'95%':>7} {'size':>7}  paper"]
+            lines += [
+                "",
+                f"target agent {star + 1} (N={int(exp.sizes[star])})",
+                f"  {'method':<20} {'coverage':>8} {'sd':>7} {'5%':>7} {'95%':>7} {'size':>7}  paper",
+            ]
             for j, name in enumerate(self.names):
                 col = ti * len(self.names) + j
                 mean, sd, q05, q95 = _stats(cov[:, col])
                 note = claims.get(name, "") if star == exp.default_target else ""
                 if self.cases[col]["method"] == "dp":
                     p = privacy[self.cases[col]["label"]]
-                    note = (f"eps/query<={p['epsilon_per_query']:.3g}, eps/trial<={p['epsilon_composed']:.3g}; "
-                            f"{PAPER_DP_CLAIM}")
-                lines.append(f"  {name:<20} {mean:8.4f} {sd:7.4f} {q05:7.4f} {q95:7.4f} "
-                             f"{rows['size'][:, col].mean():7.3f}  {note}".rstrip())
+                    note = (
+                        f"eps/query<={p['epsilon_per_query']:.3g}, eps/trial<={p['epsilon_composed']:.3g}; "
+                        f"{PAPER_DP_CLAIM}"
+                    )
+                lines.append(
+                    f"  {name:<20} {mean:8.4f} {sd:7.4f} {q05:7.4f} {q95:7.4f} "
+                    f"{rows['size'][:, col].mean():7.3f}  {note}".rstrip()
+                )
         if self.variants:
             lines.append("")
             gap = np.abs(rows["threshold"] - rows["exact_threshold"]).max(axis=-1)  # (trials, cases)
@@ -316,9 +382,11 @@ class LabelShiftJob(TrialJob):
                     lines.append(f"  {name}: mean over runs of max_y |Qhat_y - Q(mu_y)| = {gap[:, cols].mean():.4f}")
         for label, p in privacy.items():
             counts = f"; label counts eps {p['count_noise_epsilon']:.3g}" if p["count_noise_epsilon"] else ""
-            lines.append(f"  privacy {label}: (eps {p['epsilon_per_query']:.3g}, delta {p['delta_per_query']:.3g}) "
-                         f"per query label, (eps {p['epsilon_composed']:.3g}, delta {p['delta_composed']:.3g}) "
-                         f"per trial{counts}")
+            lines.append(
+                f"  privacy {label}: (eps {p['epsilon_per_query']:.3g}, delta {p['delta_per_query']:.3g}) "
+                f"per query label, (eps {p['epsilon_composed']:.3g}, delta {p['delta_composed']:.3g}) "
+                f"per trial{counts}"
+            )
         return "\n".join(lines)
 
 
@@ -348,9 +416,11 @@ class LabelShiftTask(Task):
         agents = f"{GaussianExperiment.n_agents} agents" if s.experiment == "gaussians" else "one agent per class"
         fed = variants(s.methods, s.epsilon, s.sigma_g)
         names = [*(m for m in BASELINES if m in s.methods), *(v.name for v in fed)]
-        return (f"fedring: labelshift: {s.experiment} experiment, {agents} on {world_size} rank"
-                f"{'s' if world_size > 1 else ''}; methods {', '.join(names)}; {s.trials} trials, seed {cfg.seed} "
-                f"-> {cfg.out}")
+        return (
+            f"fedring: labelshift: {s.experiment} experiment, {agents} on {world_size} rank"
+            f"{'s' if world_size > 1 else ''}; methods {', '.join(names)}; {s.trials} trials, seed {cfg.seed} "
+            f"-> {cfg.out}"
+        )
 
     def prepare(self, comm: MPI.Comm) -> Driver:
         cfg, settings = self.cfg, self.settings

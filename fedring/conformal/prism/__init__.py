@@ -36,7 +36,19 @@ from .calibration import (
 )
 
 __all__ = [
-    "CALIB_ATTACKS", "FILTERS", "Calibration", "CoverageAttack", "EfficiencyAttack", "RandomAttack",
-    "characterization_vectors", "coverage_bounds", "filter_clients", "flag_largest", "flag_mad", "make_calib_attack",
-    "maliciousness_scores", "pairwise_distances", "robust_calibrate",
+    "CALIB_ATTACKS",
+    "FILTERS",
+    "Calibration",
+    "CoverageAttack",
+    "EfficiencyAttack",
+    "RandomAttack",
+    "characterization_vectors",
+    "coverage_bounds",
+    "filter_clients",
+    "flag_largest",
+    "flag_mad",
+    "make_calib_attack",
+    "maliciousness_scores",
+    "pairwise_distances",
+    "robust_calibrate",
 ]

@@ -36,8 +36,9 @@ class CalibrationAttack:
     name = ""
     knowledge = "own"
 
-    def __call__(self, scores: np.ndarray, rng: np.random.Generator | None,
-                 benign_mean: float | None = None) -> np.ndarray:
+    def __call__(
+        self, scores: np.ndarray, rng: np.random.Generator | None, benign_mean: float | None = None
+    ) -> np.ndarray:
         raise NotImplementedError
 
 

@@ -97,7 +97,7 @@ def maliciousness_scores(d: np.ndarray, n_neighbours: int) -> np.ndarray:
         return np.zeros(n)
     off = d.copy()
     np.fill_diagonal(off, -np.inf)
-    return np.sort(np.partition(off, n - j, axis=1)[:, n - j:], axis=1).sum(axis=1)
+    return np.sort(np.partition(off, n - j, axis=1)[:, n - j :], axis=1).sum(axis=1)
 
 
 def flag_largest(m: np.ndarray, n_flag: int) -> np.ndarray:
@@ -140,8 +140,14 @@ class Calibration:
     r_max: float
 
 
-def filter_clients(v: np.ndarray, active: np.ndarray, rule: str, n_byzantine: int,
-                   mad_scale: float = 1.4826, mad_threshold: float = 2.5) -> tuple[np.ndarray, np.ndarray]:
+def filter_clients(
+    v: np.ndarray,
+    active: np.ndarray,
+    rule: str,
+    n_byzantine: int,
+    mad_scale: float = 1.4826,
+    mad_threshold: float = 2.5,
+) -> tuple[np.ndarray, np.ndarray]:
     """Sec. III-B filter over the ``active`` (non-empty) clients; returns (flagged, m).
 
     ``known``: remove the ``|S_B|`` largest ``m_k`` (eq. 12 with ``K_b - 1`` neighbours
@@ -166,9 +172,16 @@ def filter_clients(v: np.ndarray, active: np.ndarray, rule: str, n_byzantine: in
     return flagged, malice
 
 
-def robust_calibrate(scores, alpha: float, rule: str | None = "known", n_byzantine: int = 0,
-                     bins: int = 100, r_max: float | None = None, mad_scale: float = 1.4826,
-                     mad_threshold: float = 2.5) -> Calibration:
+def robust_calibrate(
+    scores,
+    alpha: float,
+    rule: str | None = "known",
+    n_byzantine: int = 0,
+    bins: int = 100,
+    r_max: float | None = None,
+    mad_scale: float = 1.4826,
+    mad_threshold: float = 2.5,
+) -> Calibration:
     """Rob-FCP / PRISM-FCP calibration of reported scores; ``rule=None`` is plain FCP.
 
     Characterization vectors (eq. 9), distances (eq. 11), maliciousness (eq. 12), filter
@@ -210,8 +223,9 @@ def robust_calibrate(scores, alpha: float, rule: str | None = "known", n_byzanti
     return Calibration(split_conformal_quantile(pool, alpha), flagged, malice, v, float(r_max))
 
 
-def coverage_bounds(eps: float, n_clients: int, n_benign: int, bins: int, n_b: int,
-                    beta: float = 0.05) -> tuple[float, float]:
+def coverage_bounds(
+    eps: float, n_clients: int, n_benign: int, bins: int, n_b: int, beta: float = 0.05
+) -> tuple[float, float]:
     """Corollary 4, eq. (36): ``(delta_L, delta_U)`` with ``1 - alpha - delta_L <= Cov <=
     1 - alpha + delta_U`` with probability ``>= 1 - beta`` (after Rob-FCP's certificate).
 

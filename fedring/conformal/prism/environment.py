@@ -77,12 +77,22 @@ def synthetic_environment(s: PrismSettings, seed: int, trial: int, lo: int, hi: 
         for x, y, n in zip(xs, ys, sizes):
             x[j] = sx * rng.standard_normal((n, D))
             y[j] = (x[j] * w_star).sum(axis=1) + sn * rng.standard_normal(n)
-    return Environment(byz, w_star, 1.0, lo, hi, np.ascontiguousarray(xs[0].transpose(1, 0, 2)),
-                       np.ascontiguousarray(ys[0].T), xs[1], ys[1], xs[2], ys[2])
+    return Environment(
+        byz,
+        w_star,
+        1.0,
+        lo,
+        hi,
+        np.ascontiguousarray(xs[0].transpose(1, 0, 2)),
+        np.ascontiguousarray(ys[0].T),
+        xs[1],
+        ys[1],
+        xs[2],
+        ys[2],
+    )
 
 
-def uci_environment(s: PrismSettings, data: Superconductivity, seed: int, trial: int, lo: int,
-                    hi: int) -> Environment:
+def uci_environment(s: PrismSettings, data: Superconductivity, seed: int, trial: int, lo: int, hi: int) -> Environment:
     """Sec. V-B: the decile/Dirichlet client split (:mod:`.uci`), each client's samples cut
     into ``iterations`` train, ``calib_samples`` calibration and ``test_samples`` test ones;
     widths are reported in Kelvin (the normalized width times the target's standard
@@ -92,15 +102,21 @@ def uci_environment(s: PrismSettings, data: Superconductivity, seed: int, trial:
     byz = byzantine_set(s, generator(seed, Stream.PRISM_ENVIRONMENT, step=trial))
     bins = decile_bins(data.y)
     N, nc, nt = s.iterations, s.calib_samples, s.test_samples
-    idx = np.stack([client_indices(bins, generator(seed, Stream.PRISM_DATA, client=k, step=trial), N + nc + nt,
-                                   s.dirichlet) for k in range(lo, hi)])
-    tr, ca, te = idx[:, :N], idx[:, N:N + nc], idx[:, N + nc:]
-    return Environment(byz, None, data.y_std, lo, hi, data.x[tr.T], data.y[tr.T], data.x[ca], data.y[ca],
-                       data.x[te], data.y[te])
+    idx = np.stack(
+        [
+            client_indices(bins, generator(seed, Stream.PRISM_DATA, client=k, step=trial), N + nc + nt, s.dirichlet)
+            for k in range(lo, hi)
+        ]
+    )
+    tr, ca, te = idx[:, :N], idx[:, N : N + nc], idx[:, N + nc :]
+    return Environment(
+        byz, None, data.y_std, lo, hi, data.x[tr.T], data.y[tr.T], data.x[ca], data.y[ca], data.x[te], data.y[te]
+    )
 
 
-def environment(s: PrismSettings, data: Superconductivity | None, seed: int, trial: int, lo: int,
-                hi: int) -> Environment:
+def environment(
+    s: PrismSettings, data: Superconductivity | None, seed: int, trial: int, lo: int, hi: int
+) -> Environment:
     """The trial's world for the clients ``lo .. hi-1``: synthetic, or the UCI split of ``data``."""
     if s.dataset == "synthetic":
         return synthetic_environment(s, seed, trial, lo, hi)

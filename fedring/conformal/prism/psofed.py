@@ -88,7 +88,7 @@ class UplinkNoise:
         nl = env.hi - env.lo
         self.slot = np.full(nl, -1)
         self.tau = np.zeros((s.iterations, nl), dtype=bool)
-        local_byz = np.flatnonzero(env.byzantine[env.lo:env.hi])
+        local_byz = np.flatnonzero(env.byzantine[env.lo : env.hi])
         self.delta = np.empty((local_byz.size, s.iterations, s.dim))
         sd = math.sqrt(s.attack_var)
         for slot, j in enumerate(local_byz):
@@ -111,8 +111,15 @@ def sent_bytes(net: Network) -> tuple[int, int]:
     return int(net.ledger.client_bytes().sum()), net.ledger.server_bytes()
 
 
-def train_psofed(s: PrismSettings, env: Environment, shared: int, net: Network, seed: int, trial: int,
-                 parts: np.ndarray | None = None) -> TrainResult:
+def train_psofed(
+    s: PrismSettings,
+    env: Environment,
+    shared: int,
+    net: Network,
+    seed: int,
+    trial: int,
+    parts: np.ndarray | None = None,
+) -> TrainResult:
     """PSO-Fed with Byzantine uplink noise (Sec. II-B, II-C); returns ``w_{N_iter}`` on rank 0.
 
     Per iteration n, for ``k in S_n``: download ``S_{k,n-1} w_{n-1}`` (M values), then
@@ -175,5 +182,6 @@ def train_psofed(s: PrismSettings, env: Environment, shared: int, net: Network, 
             full[rows_all, masks_all[i + 1, part]] = up
             w_glob = full.sum(axis=0) / P
     up_after, down_after = sent_bytes(net)
-    return TrainResult(w_glob if server else None, up_after - up_before, down_after - down_before,
-                       time.perf_counter() - t0)
+    return TrainResult(
+        w_glob if server else None, up_after - up_before, down_after - down_before, time.perf_counter() - t0
+    )

@@ -38,14 +38,30 @@ COVERAGE_ON = ("benign", "all")
 #:   as a standard deviation (variance 0.25). Every Table I number is reproduced closely.
 #: - ``uci``: paper-fit's mechanics with mu = 0.01, for 81 standardized, correlated features.
 PROFILES = {
-    "stable": {"step": 0.01, "byz_persist": "none", "local_updates": True,
-               "calib_attacks": {"random": {"variance": 0.5}}},
-    "paper-match": {"step": 0.04, "byz_persist": "full", "local_updates": True,
-                    "calib_attacks": {"random": {"variance": 0.5}}},
-    "paper-fit": {"step": 0.06, "byz_persist": "sent", "local_updates": False,
-                  "calib_attacks": {"random": {"variance": 0.25}}},
-    "uci": {"step": 0.01, "byz_persist": "sent", "local_updates": False,
-            "calib_attacks": {"random": {"variance": 0.25}}},
+    "stable": {
+        "step": 0.01,
+        "byz_persist": "none",
+        "local_updates": True,
+        "calib_attacks": {"random": {"variance": 0.5}},
+    },
+    "paper-match": {
+        "step": 0.04,
+        "byz_persist": "full",
+        "local_updates": True,
+        "calib_attacks": {"random": {"variance": 0.5}},
+    },
+    "paper-fit": {
+        "step": 0.06,
+        "byz_persist": "sent",
+        "local_updates": False,
+        "calib_attacks": {"random": {"variance": 0.25}},
+    },
+    "uci": {
+        "step": 0.01,
+        "byz_persist": "sent",
+        "local_updates": False,
+        "calib_attacks": {"random": {"variance": 0.25}},
+    },
 }
 #: a data set's values for the settings left unset (paper Sec. V-A and V-B)
 DATASET_DEFAULTS = {
@@ -65,52 +81,83 @@ def _help(text: str) -> dict:
 class PrismSettings:
     """The ``[prism]`` section (paper Sec. V defaults); :meth:`check` fills what is left unset."""
 
-    method: str = field(default="prism", metadata=_help(
-        "prism (partial sharing M < D, filter), robfcp (M = D, filter) or fcp (M = D, no filter)"))
-    calib_attack: str = field(default="none", metadata=_help(
-        f"none, {', '.join(CALIB_ATTACKS)}; parameters as <attack>.KEY, e.g. --set coverage.factor=5"))
-    table: bool = field(default=False, metadata=_help(
-        "every row of the paper's Table I (synthetic) or Table II (uci), printed beside the paper's numbers"))
+    method: str = field(
+        default="prism",
+        metadata=_help("prism (partial sharing M < D, filter), robfcp (M = D, filter) or fcp (M = D, no filter)"),
+    )
+    calib_attack: str = field(
+        default="none",
+        metadata=_help(f"none, {', '.join(CALIB_ATTACKS)}; parameters as <attack>.KEY, e.g. --set coverage.factor=5"),
+    )
+    table: bool = field(
+        default=False,
+        metadata=_help(
+            "every row of the paper's Table I (synthetic) or Table II (uci), printed beside the paper's numbers"
+        ),
+    )
     trials: int = field(default=1, metadata=_help("independent trials, one /calibration row each"))
     dataset: str = field(default="synthetic", metadata=_help(f"{', '.join(DATASETS)}"))
     data_dir: str | None = field(default=None, metadata=_help("uci: the folder holding the UCI train.csv"))
-    standin: bool = field(default=False, metadata=_help(
-        "uci: a generated stand-in train.csv of the real file's shape instead of --data-dir"))
-    profile: str | None = field(default=None, metadata=_help(
-        f"{', '.join(PROFILES)}: step size and mechanics the paper leaves open; unset: paper-fit (uci: uci)"))
+    standin: bool = field(
+        default=False,
+        metadata=_help("uci: a generated stand-in train.csv of the real file's shape instead of --data-dir"),
+    )
+    profile: str | None = field(
+        default=None,
+        metadata=_help(
+            f"{', '.join(PROFILES)}: step size and mechanics the paper leaves open; unset: paper-fit (uci: uci)"
+        ),
+    )
     clients: int = field(default=100, metadata=_help("K, logical clients (>= MPI ranks)"))
-    participants: int | None = field(default=None, metadata=_help(
-        "|S_n|, clients sampled per iteration; unset: 10 (uci: 20)"))
-    dim: int | None = field(default=None, metadata=_help(
-        "D, the model dimension; unset: 50 (uci: 81, fixed by the file)"))
-    shared: int | None = field(default=None, metadata=_help(
-        "M, coordinates PRISM-FCP shares (Rob-FCP and FCP share all D); unset: 15 (uci: 20); "
-        "a uci --table runs Table II's M = 20, 40, 60, 81 whatever this says"))
+    participants: int | None = field(
+        default=None, metadata=_help("|S_n|, clients sampled per iteration; unset: 10 (uci: 20)")
+    )
+    dim: int | None = field(
+        default=None, metadata=_help("D, the model dimension; unset: 50 (uci: 81, fixed by the file)")
+    )
+    shared: int | None = field(
+        default=None,
+        metadata=_help(
+            "M, coordinates PRISM-FCP shares (Rob-FCP and FCP share all D); unset: 15 (uci: 20); "
+            "a uci --table runs Table II's M = 20, 40, 60, 81 whatever this says"
+        ),
+    )
     step: float | None = field(default=None, metadata=_help("mu, the LMS step size; unset: the profile's"))
     iterations: int = field(default=1000, metadata=_help("training iterations"))
     byzantine: int = field(default=20, metadata=_help("|S_B|, Byzantine clients"))
     attack_prob: float = field(default=0.25, metadata=_help("p_a, probability that a Byzantine upload is corrupted"))
     attack_var: float = field(default=0.1, metadata=_help("sigma_B^2, variance of the training attack's noise"))
-    byz_persist: str | None = field(default=None, metadata=_help(
-        f"{' | '.join(PERSIST)}: the corruption a Byzantine client keeps in its own model; unset: the profile's"))
-    local_updates: bool | None = field(default=None, metadata=_help(
-        "true: clients outside S_n take LMS steps too; unset: the profile's"))
+    byz_persist: str | None = field(
+        default=None,
+        metadata=_help(
+            f"{' | '.join(PERSIST)}: the corruption a Byzantine client keeps in its own model; unset: the profile's"
+        ),
+    )
+    local_updates: bool | None = field(
+        default=None, metadata=_help("true: clients outside S_n take LMS steps too; unset: the profile's")
+    )
     mask_scheme: str = field(default="random", metadata=_help(f"{' | '.join(MASK_SCHEMES)} selection masks"))
     calib_samples: int = field(default=1000, metadata=_help("N_k, calibration samples per client"))
     test_samples: int = field(default=1000, metadata=_help("test samples per client"))
     bins: int = field(default=100, metadata=_help("H, histogram bins of the characterization vectors"))
     alpha: float = field(default=0.1, metadata=_help("miscoverage level; target coverage 1 - alpha"))
-    filter: str = field(default="known", metadata=_help(
-        "known (remove the |S_B| most malicious) or mad (Remark 3's MAD rule)"))
+    filter: str = field(
+        default="known", metadata=_help("known (remove the |S_B| most malicious) or mad (Remark 3's MAD rule)")
+    )
     r_max: float | None = field(default=None, metadata=_help("histogram normaliser; unset: the largest reported score"))
     mad_scale: float = field(default=1.4826, metadata=_help("the MAD rule's consistency constant"))
     mad_threshold: float = field(default=2.5, metadata=_help("the MAD rule's z threshold"))
-    coverage_on: str = field(default="benign", metadata=_help(
-        f"{' | '.join(COVERAGE_ON)}: whose test data measure the coverage"))
-    input_var: list[float] = field(default_factory=lambda: [0.2, 1.2], metadata=_help(
-        "synthetic: low high of U(.) for the clients' input variances varsigma_k^2"))
-    noise_var: list[float] = field(default_factory=lambda: [0.005, 0.025], metadata=_help(
-        "synthetic: low high of U(.) for the clients' noise variances sigma_k^2"))
+    coverage_on: str = field(
+        default="benign", metadata=_help(f"{' | '.join(COVERAGE_ON)}: whose test data measure the coverage")
+    )
+    input_var: list[float] = field(
+        default_factory=lambda: [0.2, 1.2],
+        metadata=_help("synthetic: low high of U(.) for the clients' input variances varsigma_k^2"),
+    )
+    noise_var: list[float] = field(
+        default_factory=lambda: [0.005, 0.025],
+        metadata=_help("synthetic: low high of U(.) for the clients' noise variances sigma_k^2"),
+    )
     dirichlet: float = field(default=0.5, metadata=_help("uci: concentration of the clients' Dirichlet mixtures"))
 
     def check(self) -> None:
@@ -159,8 +206,11 @@ class PrismSettings:
             check.real(f"prism.{name}", values[1], lo=values[0])
         check.real("prism.dirichlet", self.dirichlet, lo=0, lo_open=True)
         if self.dataset == "uci" and (self.data_dir is None) == (not self.standin):
-            raise ConfigError("prism.data_dir", "the uci data set needs either --data-dir (the folder holding the "
-                                                "UCI train.csv) or --standin, and not both")
+            raise ConfigError(
+                "prism.data_dir",
+                "the uci data set needs either --data-dir (the folder holding the "
+                "UCI train.csv) or --standin, and not both",
+            )
 
     def attack_params(self, name: str, given: dict | None = None) -> dict:
         """The parameters of calibration attack ``name``: the profile's, then ``given``."""

@@ -47,17 +47,21 @@ class PrismTask(Task):
     def banner(self, world_size: int) -> str:
         s = self.settings
         if s.table:
-            what = (f"Table {'I' if s.dataset == 'synthetic' else 'II'}: PRISM-FCP, Rob-FCP and FCP under the "
-                    f"{', '.join(TABLE_ATTACKS)} calibration attacks")
+            what = (
+                f"Table {'I' if s.dataset == 'synthetic' else 'II'}: PRISM-FCP, Rob-FCP and FCP under the "
+                f"{', '.join(TABLE_ATTACKS)} calibration attacks"
+            )
         else:
             shared = s.shared if s.method == "prism" else s.dim
             rule = "" if s.method == "fcp" else f", filter {s.filter}"
             attack = "no calibration attack" if s.calib_attack == "none" else f"calibration attack {s.calib_attack}"
             what = f"{METHOD_LABEL[s.method]} (M={shared} of D={s.dim}{rule}), {attack}"
         data = s.dataset + (" (stand-in file)" if s.standin else "")
-        return (f"fedring: prism: {what}; {s.clients} clients on {world_size} rank{'s' if world_size > 1 else ''}, "
-                f"{s.byzantine} Byzantine ({100 * s.byzantine / s.clients:.0f} %); {data}, profile {s.profile}, "
-                f"{s.trials} trial{'s' if s.trials > 1 else ''}, seed {self.cfg.seed} -> {self.cfg.out}")
+        return (
+            f"fedring: prism: {what}; {s.clients} clients on {world_size} rank{'s' if world_size > 1 else ''}, "
+            f"{s.byzantine} Byzantine ({100 * s.byzantine / s.clients:.0f} %); {data}, profile {s.profile}, "
+            f"{s.trials} trial{'s' if s.trials > 1 else ''}, seed {self.cfg.seed} -> {self.cfg.out}"
+        )
 
     def prepare(self, comm) -> Driver:
         return Driver(PrismJob(self.cfg, comm, self.settings), self.cfg, comm)
@@ -67,11 +71,16 @@ def main(argv: list[str]) -> int:
     """``python -m fedring conformal prism [options]`` (``--help`` lists them)."""
     from fedring.cli.run import run, section_parser
 
-    parser = section_parser("prism", PrismSettings, (
-        "PRISM-FCP (partial-sharing training, then robust calibration), Rob-FCP and FCP over MPI; one "
-        "/calibration row per trial in the HDF5 results file. Every option is also a key of the [prism] "
-        "settings section (--set prism.KEY=VALUE, or a TOML file with task = \"prism\"); a calibration attack's "
-        "parameters go in the section named after it (--set coverage.factor=5). docs/prism-fcp.md explains them."))
+    parser = section_parser(
+        "prism",
+        PrismSettings,
+        (
+            "PRISM-FCP (partial-sharing training, then robust calibration), Rob-FCP and FCP over MPI; one "
+            "/calibration row per trial in the HDF5 results file. Every option is also a key of the [prism] "
+            'settings section (--set prism.KEY=VALUE, or a TOML file with task = "prism"); a calibration attack\'s '
+            "parameters go in the section named after it (--set coverage.factor=5). docs/prism-fcp.md explains them."
+        ),
+    )
     try:
         return run(argv, parser, section="prism")
     except SystemExit as e:  # settings errors (2) and --help (0), as an exit code

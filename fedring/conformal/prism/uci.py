@@ -35,10 +35,28 @@ N_FEATURES = 81
 TARGET = "critical_temp"
 #: the setting that names the file, in error messages
 DATA_DIR = "prism.data_dir"
-_PROPERTIES = ("atomic_mass", "fie", "atomic_radius", "Density", "ElectronAffinity",
-               "FusionHeat", "ThermalConductivity", "Valence")
-_STATISTICS = ("mean", "wtd_mean", "gmean", "wtd_gmean", "entropy", "wtd_entropy",
-               "range", "wtd_range", "std", "wtd_std")
+_PROPERTIES = (
+    "atomic_mass",
+    "fie",
+    "atomic_radius",
+    "Density",
+    "ElectronAffinity",
+    "FusionHeat",
+    "ThermalConductivity",
+    "Valence",
+)
+_STATISTICS = (
+    "mean",
+    "wtd_mean",
+    "gmean",
+    "wtd_gmean",
+    "entropy",
+    "wtd_entropy",
+    "range",
+    "wtd_range",
+    "std",
+    "wtd_std",
+)
 COLUMNS = ("number_of_elements", *(f"{s}_{p}" for p in _PROPERTIES for s in _STATISTICS), TARGET)
 
 
@@ -65,8 +83,11 @@ def superconductivity_file(path: str | Path) -> Path:
     with p.open(newline="") as fh:
         header = [h.strip() for h in next(csv.reader(fh), [])]
     if len(header) != N_FEATURES + 1 or header[-1] != TARGET:
-        raise ConfigError(DATA_DIR, f"{p} is not the UCI Superconductivity train.csv: expected "
-                          f"{N_FEATURES + 1} columns ending in {TARGET!r}, got {len(header)}")
+        raise ConfigError(
+            DATA_DIR,
+            f"{p} is not the UCI Superconductivity train.csv: expected "
+            f"{N_FEATURES + 1} columns ending in {TARGET!r}, got {len(header)}",
+        )
     return p
 
 
@@ -80,14 +101,12 @@ def load_superconductivity(path: str | Path) -> Superconductivity:
         header = [h.strip() for h in next(csv.reader(fh))]
     raw = np.loadtxt(p, delimiter=",", skiprows=1, dtype=np.float64, ndmin=2)
     if raw.shape[1] != N_FEATURES + 1 or raw.shape[0] < 10:
-        raise ConfigError(DATA_DIR, f"{p}: expected >= 10 rows of {N_FEATURES + 1} numbers, "
-                          f"got shape {raw.shape}")
+        raise ConfigError(DATA_DIR, f"{p}: expected >= 10 rows of {N_FEATURES + 1} numbers, got shape {raw.shape}")
     x, t = raw[:, :-1], raw[:, -1]
     sd = x.std(axis=0)
     x = (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
     y_mean, y_std = float(t.mean()), float(t.std())
-    return Superconductivity(x=x, y=(t - y_mean) / y_std, y_mean=y_mean, y_std=y_std,
-                             feature_names=tuple(header[:-1]))
+    return Superconductivity(x=x, y=(t - y_mean) / y_std, y_mean=y_mean, y_std=y_std, feature_names=tuple(header[:-1]))
 
 
 def decile_bins(y: np.ndarray, n_bins: int = 10) -> list[np.ndarray]:
@@ -95,8 +114,9 @@ def decile_bins(y: np.ndarray, n_bins: int = 10) -> list[np.ndarray]:
     return np.array_split(np.argsort(y, kind="stable"), n_bins)
 
 
-def client_indices(bins: list[np.ndarray], rng: np.random.Generator, n_samples: int = 3000,
-                   concentration: float = 0.5) -> np.ndarray:
+def client_indices(
+    bins: list[np.ndarray], rng: np.random.Generator, n_samples: int = 3000, concentration: float = 0.5
+) -> np.ndarray:
     """Row indices of one client's ``n_samples`` samples, in random order.
 
     ``pi ~ Dir(concentration * 1)`` over the bins, counts ``~ Multinomial(n_samples, pi)``,
