@@ -1,3 +1,3 @@
 """fedring: Byzantine-robust federated learning and federated conformal prediction over MPI."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
