@@ -43,6 +43,6 @@ def test_a_model_for_other_images_names_those_that_fit():
     with pytest.raises(
         ConfigError,
         match=r"^model: resnet18_gn takes 3x32x32 images, the data set has 1x28x28: "
-        r"set model = cnn or lenet5 or mlp$",
+        r"set model = cnn or cnn_bn or lenet5 or mlp$",
     ):
         make_model("resnet18_gn", 0, (1, 28, 28))

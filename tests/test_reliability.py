@@ -56,7 +56,7 @@ def test_resume_with_other_settings_exits_2(complete, tmp_path, fedring_cli):
     with h5py.File(out, "r+") as f:
         f.attrs["status"] = "preempted"
     proc = fedring_cli(*RUN, "--seed", "1", "--out", out, "--resume")
-    said_once(proc, "was written with other settings: seed: 0 -> 1")
+    said_once(proc, "was written with other settings (file -> given): seed: 0 -> 1")
 
 
 def test_resume_without_a_checkpoint_exits_2(complete, tmp_path, fedring_cli):

@@ -156,7 +156,7 @@ def test_kill_9_then_resume_from_last_checkpoint(tmp_path, reference):
         text=True,
         start_new_session=True,
     )
-    wait_for_round(proc, 4)
+    wait_for_round(proc, 2)  # the first progress line (into a pipe: the first, every tenth and the last)
     # SIGKILL to the launcher and every rank (the ranks carry the output path on their command line)
     subprocess.run(["pkill", "-KILL", "-f", str(out)], check=False)
     proc.wait(timeout=30)

@@ -85,7 +85,7 @@ def test_paper_rule_drifts_and_the_symmetric_rule_does_not(tmp_path):
     for rule in rules:
         out = tmp_path / f"{rule}.h5"
         drift[rule], plus, minus, zero = metrics(
-            out, "metrics/weight_mean_change", "brace/plus_fraction", "brace/minus_fraction", "brace/zero_fraction"
+            out, "metrics/weight_mean_change", "ring/plus_fraction", "ring/minus_fraction", "ring/zero_fraction"
         )
         assert plus.shape == (40,) and np.allclose(plus + minus + zero, 1.0)
         fractions[rule] = (plus.mean(), minus.mean(), zero.mean())
