@@ -89,6 +89,7 @@ class Recorder:
         """A new results file with its header and ``first``, the checkpoint of step 0, or the
         resumed one cut at ``done``."""
         if cfg.resume:
+            assert cfg.out is not None, "the task's checks name the results file"
             results = ResultsFile.reopen(cfg.out, done)
             results.h5.attrs["world_size"] = world_size
             return cls(results, progress, cfg.quiet)
