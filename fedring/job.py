@@ -48,8 +48,11 @@ class Job(Protocol):
 
     #: what one step is called in progress lines and the stop message ("round", "trial")
     unit: str
-    #: steps of the whole run
-    total: int
+
+    @property
+    def total(self) -> int:
+        """Steps of the whole run."""
+
     #: steps between checkpoints (and one before stopping)
     checkpoint_every: int
     #: prefixes of the checkpoint arrays that :meth:`restore` reads for this rank itself (rows of

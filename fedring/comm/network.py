@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 from mpi4py import MPI
+from numpy.typing import ArrayLike
 
 from fedring.errors import ConfigError
 from fedring.validate import fills_ranks
@@ -359,7 +360,7 @@ class Network:
         self.complete(requests)
         return out
 
-    def broadcast_from_server(self, vec: np.ndarray | None, phase: str, shape, dtype) -> np.ndarray:
+    def broadcast_from_server(self, vec: ArrayLike | None, phase: str, shape, dtype) -> np.ndarray:
         """The server (rank 0) sends ``vec`` to every client; returns it on every rank.
 
         Counted as ``n`` messages from the server, one per logical client; physically one
