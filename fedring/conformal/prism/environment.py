@@ -70,9 +70,9 @@ def synthetic_environment(s: ResolvedPrism, seed: int, trial: int, lo: int, hi: 
     sizes = (N, s.calib_samples, s.test_samples)
     xs = [np.empty((nl, n, D)) for n in sizes]
     ys = [np.empty((nl, n)) for n in sizes]
+    (sx_lo, sx_hi), (sn_lo, sn_hi) = s.input_var, s.noise_var
     for j, k in enumerate(range(lo, hi)):
         rng = generator(seed, Stream.PRISM_DATA, client=k, step=trial)
-        (sx_lo, sx_hi), (sn_lo, sn_hi) = s.input_var, s.noise_var
         sx = math.sqrt(rng.uniform(sx_lo, sx_hi))
         sn = math.sqrt(rng.uniform(sn_lo, sn_hi))
         for x, y, n in zip(xs, ys, sizes):
