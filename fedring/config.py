@@ -76,6 +76,12 @@ class Config:
     def section(self, name: str) -> dict[str, Any]:
         return dict(self.sections.get(name, {}))
 
+    @property
+    def n_clients(self) -> int:
+        """``clients`` once the task's checks have filled its default (one client per rank)."""
+        assert self.clients is not None, "clients is read before the task resolved it"
+        return self.clients
+
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "sections"}
 check.TOP_LEVEL_KEYS.update(FIELDS)
@@ -134,7 +140,7 @@ def merge(cfg: Config, items: dict[str, Any], origin: str) -> Config:
         elif isinstance(value, dict):  # a table is a section (no setting takes a table), even [attack]
             cfg.sections.setdefault(key, {}).update(value)
         elif key in FIELDS:
-            setattr(cfg, key, coerce(key, FIELDS[key].type, value))
+            setattr(cfg, key, coerce(key, str(FIELDS[key].type), value))
         else:
             raise ConfigError(
                 key,
@@ -177,7 +183,7 @@ def section_settings(schema: type, name: str, values: dict[str, Any]):
     Unknown keys are refused with the allowed list; values are read as the fields' types;
     the schema's ``check()`` (if any) validates ranges and fills derived defaults.
     """
-    kinds = {f.name: f.type for f in dataclasses.fields(schema)}  # annotations as text (PEP 563)
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(schema)}  # annotations as text (PEP 563)
     check.known_keys(name, f"task {name}", values, kinds)
     settings = schema(**{k: coerce(f"{name}.{k}", kinds[k], v) for k, v in values.items()})
     if hasattr(settings, "check"):
@@ -187,7 +193,7 @@ def section_settings(schema: type, name: str, values: dict[str, Any]):
 
 def byzantine_count(cfg: Config) -> int:
     """Actual number of Byzantine clients: a fraction of ``clients`` (rounded) or a count."""
-    return round(cfg.byzantine * cfg.clients) if cfg.byzantine < 1 else int(cfg.byzantine)
+    return round(cfg.byzantine * cfg.n_clients) if cfg.byzantine < 1 else int(cfg.byzantine)
 
 
 def defence_f(cfg: Config) -> int:

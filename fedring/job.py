@@ -48,8 +48,11 @@ class Job(Protocol):
 
     #: what one step is called in progress lines and the stop message ("round", "trial")
     unit: str
-    #: steps of the whole run
-    total: int
+
+    @property
+    def total(self) -> int:
+        """Steps of the whole run."""
+
     #: steps between checkpoints (and one before stopping)
     checkpoint_every: int
     #: prefixes of the checkpoint arrays that :meth:`restore` reads for this rank itself (rows of
@@ -89,6 +92,7 @@ class Recorder:
         """A new results file with its header and ``first``, the checkpoint of step 0, or the
         resumed one cut at ``done``."""
         if cfg.resume:
+            assert cfg.out is not None, "the task's checks name the results file"
             results = ResultsFile.reopen(cfg.out, done)
             results.h5.attrs["world_size"] = world_size
             return cls(results, progress, cfg.quiet)

@@ -50,7 +50,7 @@ class Registry:
         self.kind = kind
         self.bases = bases
         self.requires = requires
-        self._classes: dict[str, type] = {}
+        self._classes: dict[str, type[Any]] = {}  # any class: `requires` is checked at run time
 
     def base(self, cls: type) -> type:
         """Class decorator: every component of this kind must subclass ``cls`` (or another base)."""
@@ -84,7 +84,7 @@ class Registry:
         self._classes[name] = cls
         return cls
 
-    def _import(self, path: str, key: str) -> type:
+    def _import(self, path: str, key: str) -> type[Any]:
         """The class an import path ``package.module:Name`` names, checked as a component."""
         from . import plugins
 
@@ -115,13 +115,13 @@ class Registry:
     def __len__(self) -> int:
         return len(self._classes)
 
-    def __getitem__(self, name: str) -> type:
+    def __getitem__(self, name: str) -> type[Any]:
         return self._classes[name]
 
     def items(self):
         return [(name, self._classes[name]) for name in self]
 
-    def get(self, name: Any, key: str | None = None, hint: str = "") -> type:
+    def get(self, name: Any, key: str | None = None, hint: str = "") -> type[Any]:
         """The class registered as ``name``, or imported from the path ``package.module:Name`` (and
         registered under it); an unknown name raises ConfigError (with a suggestion)."""
         if isinstance(name, str) and ":" in name and name not in self._classes:

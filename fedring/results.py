@@ -34,6 +34,7 @@ import json
 import os
 import resource
 from pathlib import Path
+from typing import Any, Protocol
 
 import h5py
 import numpy as np
@@ -97,6 +98,16 @@ def resume_point(cfg, skip: tuple[str, ...] = ()) -> tuple[dict[str, np.ndarray]
     if found is None:
         raise ConfigError("resume", f"{cfg.out} has no checkpoint: start it again with --overwrite")
     return found
+
+
+class BlockArray(Protocol):
+    """An array the file writes one block at a time (:class:`fedring.train.state.CheckpointRows`)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    nbytes: int
+
+    def write_into(self, ds: Any) -> None: ...
 
 
 class ResultsFile:
@@ -216,26 +227,26 @@ class ResultsFile:
         ):
             self._write_checkpoint(arrays, attrs)
 
-    def _write_checkpoint(self, arrays: dict[str, np.ndarray], attrs: dict) -> None:
+    def _write_checkpoint(self, arrays: dict[str, np.ndarray | BlockArray], attrs: dict) -> None:
         root = self.h5.require_group("checkpoint")
         slot = root.require_group("b" if root.attrs.get("current") == "a" else "a")
         for name in set(slot) - set(arrays):
             del slot[name]
-        for name, value in arrays.items():
-            blocks = hasattr(value, "write_into")
-            value = value if blocks else np.asarray(value)
+        for name, given in arrays.items():
+            blocks = given if hasattr(given, "write_into") else None
+            value = given if blocks is not None else np.asarray(given)
             if name in slot and (slot[name].shape, slot[name].dtype) == (value.shape, value.dtype):
-                if not blocks:
+                if blocks is None:
                     slot[name][...] = value  # in place: the file does not grow
             else:
                 if name in slot:
                     del slot[name]
-                if blocks:
+                if blocks is not None:
                     slot.create_dataset(name, shape=value.shape, dtype=value.dtype)
                 else:
                     slot.create_dataset(name, data=value)
-            if blocks:
-                value.write_into(slot[name])
+            if blocks is not None:
+                blocks.write_into(slot[name])
         slot.attrs.clear()
         for key, value in attrs.items():
             slot.attrs[key] = value

@@ -152,6 +152,7 @@ class Watchdog:
                 self.comm.recv(source=status.Get_source(), tag=_ERROR_TAG)
                 self._abort(FileStatus.FAILED, 1)
             if self._running and self._deadline is not None and time.monotonic() >= self._deadline:
+                assert self.signal is not None, "only a signal sets the deadline"
                 sys.stderr.write(
                     f"fedring: rank {self.comm.rank}: the job did not stop cleanly after "
                     f"{signal.Signals(self.signal).name}; aborting it (results file: preempted, "

@@ -74,6 +74,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,14 @@ class SweepSettings:
     sbatch: list[str] = field(default_factory=list)
 
     def update(self, items: dict[str, Any]) -> None:
-        kinds = {"out_dir": str, "ranks": int, "time": str, "max_parallel": int, "launcher": str, "sbatch": list}
+        kinds: dict[str, type[Any]] = {
+            "out_dir": str,
+            "ranks": int,
+            "time": str,
+            "max_parallel": int,
+            "launcher": str,
+            "sbatch": list,
+        }
         for key, value in items.items():
             if key not in kinds:
                 raise ConfigError(f"sweep.{key}", f"unknown; allowed: {', '.join(kinds)}")
@@ -237,7 +245,7 @@ class Sweep:
         return [k for k in keys if len({json.dumps(r.get(k), sort_keys=True) for r in flat}) > 1]
 
 
-def load_sweep(grid: str | Path, overrides: list[str] = (), sweep_overrides: dict[str, Any] | None = None) -> Sweep:
+def load_sweep(grid: str | Path, overrides: Sequence[str] = (), sweep_overrides: dict[str, Any] | None = None) -> Sweep:
     """Read, expand and resolve a grid; ``overrides`` are ``KEY=VALUE`` strings applied last.
 
     A grid that is not a file here but is the name of a shipped grid (``table2.toml``) is that one.

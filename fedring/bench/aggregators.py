@@ -185,7 +185,9 @@ def main(argv: list[str]) -> int:
                 "peak_extra_copies": m["peak_bytes"] / input_bytes,
                 "state_copies": sum(v.nbytes for v in state.values()) / input_bytes,
             }
-            rec["meets_target"] = (need is None or speedup >= need) and rec["peak_extra_copies"] <= 3.0
+            rec["meets_target"] = (need is None or speedup is None or speedup >= need) and rec[
+                "peak_extra_copies"
+            ] <= 3.0
             if name == "mean":
                 yardstick = m["seconds"]
             rec["x_mean"] = m["seconds"] / yardstick if yardstick else None

@@ -15,6 +15,8 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -23,7 +25,7 @@ from fedring.comm import Layout, Network, ring_allreduce
 from fedring.comm.brace import SIGN_RULES, SignVote
 
 #: the sign rules ``bench comm`` times: name -> (rule, its settings)
-SIGN_VARIANTS = {rule: (rule, {}) for rule in SIGN_RULES}
+SIGN_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {rule: (rule, {}) for rule in SIGN_RULES}
 
 
 def _time(
@@ -40,7 +42,7 @@ def _time(
     """
     samples: dict[str, list[float]] = {name: [] for name in impls}
     sent_bytes = {}
-    probed = dict.fromkeys(impls, 0)
+    probed: dict[str, np.ndarray | int] = dict.fromkeys(impls, 0)
     for _ in range(repeats):
         for name, (prepare, fn, sent) in impls.items():
             prepare()
@@ -86,7 +88,7 @@ def comm_impls(
     }
     for name, (rule, params) in variants.items():
         vote = SignVote(rule, net.n_clients, params)
-        impls[name] = (prepare, lambda vote=vote: vote(net, rows), ring_bytes)
+        impls[name] = (prepare, partial(vote, net, rows), ring_bytes)
     if server:
         impls["server"] = (prepare, lambda: server_exchange(net, rows), ring_bytes)
     return impls

@@ -35,12 +35,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import TypedDict
 
 from fedring.errors import ConfigError
 
 SUBNET = "10.77.0"  # node i is SUBNET.i, the head SUBNET.254 (private addresses, inside our namespaces only)
 HEAD_ADDRESS = f"{SUBNET}.254"
-LINK = {"mtu": 9000, "tcp_buffer": 64 << 20, "burst_bytes": 256 << 10, "burst_seconds": 1e-3, "queue": "100ms"}
+
+
+class Link(TypedDict):
+    """What every emulated link is built with."""
+
+    mtu: int
+    tcp_buffer: int
+    burst_bytes: int
+    burst_seconds: float
+    queue: str
+
+
+LINK: Link = {"mtu": 9000, "tcp_buffer": 64 << 20, "burst_bytes": 256 << 10, "burst_seconds": 1e-3, "queue": "100ms"}
 TOOLS = ("ip", "tc", "unshare", "nsenter")
 TMP_PREFIX = "fedring-netem-"
 UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}

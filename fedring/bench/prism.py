@@ -43,8 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _time_training(s, repeats: int, comm: MPI.Comm) -> tuple[float, np.ndarray | None, int]:
-    """Best time of ``repeats`` trainings over ``comm``; the model (rank 0) and the uplink bytes."""
+def _time_training(s, repeats: int, comm: MPI.Comm) -> tuple[float, np.ndarray | None, int | None]:
+    """Best time of ``repeats`` trainings over ``comm``; the model and the uplink bytes (rank 0)."""
     net = Network(Layout(s.clients, comm))
     env = synthetic_environment(s, 0, 0, net.layout.lo, net.layout.hi)
     best, res = np.inf, None
@@ -53,6 +53,7 @@ def _time_training(s, repeats: int, comm: MPI.Comm) -> tuple[float, np.ndarray |
         t0 = time.perf_counter()
         res = train_psofed(s, env, s.shared, net, 0, 0)
         best = min(best, time.perf_counter() - t0)
+    assert res is not None, "repeats >= 1"
     up = comm.reduce(res.bytes_up, root=0)
     return best, res.w, up
 
@@ -79,13 +80,14 @@ def _calibration_seconds() -> float:
 
 def _mpi_half(args, argv: list[str]) -> tuple | None:
     """(seconds, model, uplink bytes, ranks) of the MPI run launched with ``mpiexec``, or None."""
-    if args.ranks <= 1 or not shutil.which("mpiexec"):
+    mpiexec = shutil.which("mpiexec")
+    if args.ranks <= 1 or not mpiexec:
         return None
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [
-        shutil.which("mpiexec"),
+        mpiexec,
         "-n",
         str(args.ranks),
         sys.executable,
@@ -116,7 +118,7 @@ def main(argv: list[str]) -> int:
         return 2
     if args.mpi_only:
         t, w, up = _time_training(s, args.repeats, world)
-        if world.rank == 0:
+        if w is not None:  # rank 0
             print(json.dumps({"seconds": t, "w": w.tolist(), "bytes_up": up, "ranks": world.size}))
         return 0
     single = None
@@ -128,13 +130,14 @@ def main(argv: list[str]) -> int:
     mpi = (*_time_training(s, args.repeats, world), world.size) if world.size > 1 else _mpi_half(args, argv)
     if world.rank != 0:
         return 0
+    assert single is not None, "rank 0 timed the one-rank run"
     t1, w1, up1 = single
     K, N, M = args.clients, args.iterations, args.shared
     print(f"PSO-Fed training, K={K} clients, |S_n|=10, D=50, M={M}, {N} iterations (best of {args.repeats}):")
     print(f"  one rank (memory copies)  : {t1:.3f} s  ({1e6 * t1 / N:.0f} us/iteration)")
     if mpi is not None:
         t_mpi, w_mpi, up_mpi, ranks = mpi
-        same = np.array_equal(w1, w_mpi) and up1 == up_mpi
+        same = w1 is not None and np.array_equal(w1, w_mpi) and up1 == up_mpi
         print(f"  MPI, {ranks} ranks{'':<13}: {t_mpi:.3f} s  ({1e6 * t_mpi / N:.0f} us/iteration)")
         print(f"  ratio MPI / one rank      : {t_mpi / t1:.2f}  (target <= 3)   bit-identical model and bytes: {same}")
     else:

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             if launched_ranks()[0] == 0:
                 print(f"fedring: error: unknown command {' '.join(argv[:2])!r}\n{USAGE}", file=sys.stderr)
             return 2
-        module, fn, _ = SUBCOMMANDS[tuple(argv[:2])]
+        module, fn, _ = SUBCOMMANDS[argv[0], argv[1]]
         try:
             return getattr(importlib.import_module(module), fn)(argv[2:])
         except ConfigError as e:  # a benchmark's bad option (the tasks agree on theirs themselves)

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import os
+from typing import TYPE_CHECKING
 
 from mpi4py import MPI
 
@@ -21,6 +22,9 @@ from fedring.runtime import Watchdog, agree_on_config_error
 from fedring.tasks import Task, validate
 
 from .launcher import launched_ranks
+
+if TYPE_CHECKING:
+    from fedring.job import Driver
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -202,7 +206,7 @@ def section_parser(task: str, schema: type, description: str) -> ArgumentParser:
         elif isinstance(default, list):
             shown = ", ".join(map(str, default)) or "none"
         else:
-            shown = default
+            shown = str(default)
         help_text = f"{f.metadata.get('help', '')} (default {shown})".strip()
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", "bool | None"):
@@ -299,18 +303,22 @@ def run(argv: list[str], parser: ArgumentParser | None = None, section: str | No
     comm = MPI.COMM_WORLD
 
     def job() -> int:
-        error = task = work = None
+        error: ConfigError | None = None
+        task: Task | None = None
+        work: Driver | None = None
         try:
             task = build_task(argv, comm.size, parser, section)
             watchdog.grace = task.cfg.stop_grace
         except ConfigError as e:
             error = e
         agree_on_config_error(comm, error)  # before prepare's collectives: a plugin may fail on one rank only
+        assert task is not None, "every rank exited if any failed"
         try:
             work = task.prepare(comm)
         except ConfigError as e:
             error = e
         agree_on_config_error(comm, error)
+        assert work is not None, "every rank exited if any failed"
         if comm.rank == 0 and not task.cfg.quiet:
             print(task.banner(comm.size), flush=True)
             if task.cfg.resume:

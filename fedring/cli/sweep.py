@@ -63,6 +63,7 @@ def plan(argv: list[str], world_size: int, restart: bool) -> list[str] | None:
     fresh = "--overwrite" in argv and not restart
     task = _run_task(args, world_size)
     cfg = task.cfg
+    assert cfg.out is not None, "the task's checks name the results file"
     state = file_state(cfg.out)
     say = lambda msg: print(f"fedring job: {cfg.out}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     if state.kind == "missing":

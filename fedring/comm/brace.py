@@ -87,6 +87,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
+from numpy.typing import DTypeLike
 
 from fedring.errors import ConfigError
 from fedring.rng import Stream, generator
@@ -101,6 +102,7 @@ from .ring import (
     chunk_bounds,
     owned_chunk,
     reduce_scatter,
+    rotation,
 )
 
 SIGN_RULES = ("brace", "signsgd", "rlr")
@@ -135,7 +137,7 @@ def count_dtype(n: int) -> np.dtype:
 BLOCK = 1 << 16  # elements per pass: keeps the temporaries in cache
 
 
-def quantize(grads: np.ndarray, sign_zero: int, dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
+def quantize(grads: np.ndarray, sign_zero: int, dtype: DTypeLike, out: np.ndarray | None = None) -> np.ndarray:
     """Phase I: element-wise sign in ``dtype``, with ``sign(0) = sign_zero``.
 
     A non-finite coordinate (NaN, +-inf: only a Byzantine client sends one) votes
@@ -178,6 +180,7 @@ class Packing:
     def encode(self, positive: np.ndarray, nonzero: np.ndarray | None) -> np.ndarray:
         if self.planes == 1:
             return np.packbits(positive)
+        assert nonzero is not None, "two planes encode the zeros too"
         return np.concatenate([np.packbits(nonzero), np.packbits(positive)])
 
     def signs(self, seg: np.ndarray, c: int) -> np.ndarray:
@@ -458,7 +461,7 @@ class SignRule(RingRule):
                     part = counts[i - lay.lo, bounds[c] : bounds[c + 1]]
                     part[...] = np.clip(part.astype(np.int64) + self.relay_bias, -top, top)
                     counted.tampered_hops += part.size > 0
-            net.ring_step(counts, bounds, lambda i, s=s: (i - s) % n, None, SHARE_REDUCE)
+            net.ring_step(counts, bounds, rotation(-s, n), None, SHARE_REDUCE)
             k = s + 1  # contributors to every count received in step s
             for j in lay.local_clients:
                 c = (j - 1 - s) % n
@@ -494,7 +497,7 @@ class SignRule(RingRule):
                 counted.tampered_hops += 1
                 counted.flipped_signs += int(np.count_nonzero(packing.nonzero(seg, c) & flips))
                 packing.signs(seg, c)[...] ^= np.packbits(flips)
-            net.ring_step(packed, pb, lambda i, s=s: (i + 1 - s) % n, None, SHARE_ONLY)
+            net.ring_step(packed, pb, rotation(1 - s, n), None, SHARE_ONLY)
 
     # ---------------------------------------------------------------- reporting
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 from mpi4py import MPI
+from numpy.typing import ArrayLike
 
 from fedring.errors import ConfigError
 from fedring.validate import fills_ranks
@@ -359,7 +360,7 @@ class Network:
         self.complete(requests)
         return out
 
-    def broadcast_from_server(self, vec: np.ndarray | None, phase: str, shape, dtype) -> np.ndarray:
+    def broadcast_from_server(self, vec: ArrayLike | None, phase: str, shape, dtype) -> np.ndarray:
         """The server (rank 0) sends ``vec`` to every client; returns it on every rank.
 
         Counted as ``n`` messages from the server, one per logical client; physically one
@@ -368,7 +369,8 @@ class Network:
         lay = self.layout
         problem = None
         if lay.rank == 0 and (vec is None or np.size(vec) != np.prod(shape, dtype=np.int64)):
-            problem = f"the server's vector has {np.size(vec)} values, the clients expect shape {tuple(shape)}"
+            size = "no" if vec is None else np.size(vec)
+            problem = f"the server's vector has {size} values, the clients expect shape {tuple(shape)}"
         self.agree(problem)
         if lay.rank == 0:
             vec = np.ascontiguousarray(vec, dtype=dtype).reshape(shape)
@@ -388,10 +390,9 @@ class Network:
         owners = lay.owner(clients)
         mine = np.flatnonzero(owners == lay.rank)
         problem = None
-        if lay.rank == 0 and np.shape(rows) != (len(clients), *shape):
-            problem = (
-                f"the server has rows of shape {np.shape(rows)} for {len(clients)} clients of shape {tuple(shape)}"
-            )
+        got = None if rows is None else np.shape(rows)
+        if lay.rank == 0 and got != (len(clients), *shape):
+            problem = f"the server has rows of shape {got} for {len(clients)} clients of shape {tuple(shape)}"
         self.agree(problem)
         if lay.rank == 0:
             rows = np.ascontiguousarray(rows, dtype=dtype)
@@ -419,6 +420,6 @@ class Network:
         self.comm.Reduce(values, total, op=MPI.SUM, root=0)
         return total
 
-    def gather_ledger(self) -> tuple[np.ndarray, int]:
-        """Per-client protocol bytes of all clients and the server's bytes, on rank 0."""
+    def gather_ledger(self) -> tuple[np.ndarray | None, int]:
+        """Per-client protocol bytes of all clients and the server's bytes, on rank 0 (None elsewhere)."""
         return self.sum_to_server(self.ledger.client_bytes()), self.ledger.server_bytes()

@@ -20,6 +20,7 @@ ranks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +39,15 @@ def _add(mine: np.ndarray, incoming: np.ndarray) -> None:
     mine += incoming
 
 
+def rotation(shift: int, n: int) -> Callable[[int], int]:
+    """``chunk_of`` for :meth:`Network.ring_step`: client ``i`` sends chunk ``(i + shift) mod n``.
+
+    >>> [rotation(-1, 4)(i) for i in range(4)]
+    [3, 0, 1, 2]
+    """
+    return lambda i: (i + shift) % n
+
+
 def reduce_scatter(
     net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "reduce_scatter", check: bool = True, ahead=None
 ) -> None:
@@ -50,7 +60,7 @@ def reduce_scatter(
         net.check_rows(rows)
     n = net.n_clients
     for s in range(n - 1):
-        net.ring_step(rows, bounds, lambda i, s=s: (i - s) % n, _add, phase, ahead)
+        net.ring_step(rows, bounds, rotation(-s, n), _add, phase, ahead)
 
 
 def all_gather(
@@ -63,7 +73,7 @@ def all_gather(
         net.check_rows(rows)
     n = net.n_clients
     for s in range(n - 1):
-        net.ring_step(rows, bounds, lambda i, s=s: (i + 1 - s) % n, None, phase, ahead)
+        net.ring_step(rows, bounds, rotation(1 - s, n), None, phase, ahead)
 
 
 def owned_chunk(client: int, n: int) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
@@ -34,6 +35,9 @@ from mpi4py import MPI
 from fedring.comm import Network
 from fedring.config import Config
 from fedring.job import Entry, Recorder
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance  # what dataclasses.asdict takes
 
 
 class TrialJob:
@@ -55,7 +59,7 @@ class TrialJob:
     cases: list[dict]
     size_kind: str
     alpha: float
-    settings: object
+    settings: DataclassInstance
     trials: int
     batch: int = 1
 

@@ -42,12 +42,12 @@ class RoundResult:
 def train_round(tr: Trainer, t: int) -> RoundResult:
     """Round ``t``: clients compute updates, Byzantine ones attack, the topology aggregates, all apply."""
     tr.net.ledger.reset()
-    batch_loss = np.zeros(tr.cfg.clients)
+    batch_loss = np.zeros(tr.cfg.n_clients)
     for k, client in enumerate(tr.layout.local_clients):
         batch_loss[client] = tr.client_gradient(k, t, tr.grads[k])
     reference = tr.reference_gradient()  # the server's clean-data gradient, for the rules that need one
     tr.adversary.attack_model(tr.grads, t, reference)
-    nonfinite = np.zeros(tr.cfg.clients, np.uint8)
+    nonfinite = np.zeros(tr.cfg.n_clients, np.uint8)
     nonfinite[tr.layout.lo : tr.layout.hi] = nonfinite_rows(tr.grads)
     with np.errstate(invalid="ignore", over="ignore"):  # non-finite uploads are recorded instead
         agg = tr.topology.aggregate(tr.grads, t, reference)
@@ -69,7 +69,7 @@ class TrainJob:
         self.bytes_sent_total = 0  # rank 0's count (the ledgers are gathered there)
 
     def file_attrs(self) -> dict:
-        return {"n_clients": self.tr.cfg.clients, "n_parameters": self.tr.d}
+        return {"n_clients": self.tr.cfg.n_clients, "n_parameters": self.tr.d}
 
     def begin(self, recorder: Recorder) -> None:
         recorder.write("byzantine/clients", self.tr.byzantine)

@@ -235,5 +235,6 @@ def flat_grad_into(model: nn.Module, out: np.ndarray) -> None:
     k = 0
     for p in model.parameters():
         m = p.numel()
+        assert p.grad is not None, "called after backward(), which fills every parameter's gradient"
         out[k : k + m] = p.grad.numpy().reshape(-1)
         k += m

@@ -57,12 +57,13 @@ class CheckpointRows:
             ds[bounds[r] : bounds[r + 1]] = block
 
 
-def rows_from_file(comm: MPI.Comm, layout: Layout, path: str, name: str, out: np.ndarray) -> None:
+def rows_from_file(comm: MPI.Comm, layout: Layout, path: str | None, name: str, out: np.ndarray) -> None:
     """Collective: this rank's block of the current checkpoint's ``name`` into ``out``; rank 0 reads
-    each rank's block from the file in turn and sends it, never holding more than one block."""
+    each rank's block from the file ``path`` in turn and sends it, never holding more than one block."""
     if layout.rank != 0:
         comm.Recv(out, source=0)
         return
+    assert path is not None, "rank 0 resumes from the run's file"
     with h5py.File(path, "r") as f:
         ds = f["checkpoint"][f["checkpoint"].attrs["current"]][name]
         for r in range(layout.size - 1, -1, -1):

@@ -186,7 +186,8 @@ class TrainTask(Task):
         if cfg.pre_aggregators:
             rule = "+".join([*cfg.pre_aggregators, rule])
         attack = (
-            f", {b} Byzantine ({100 * b / cfg.clients:.0f} %) {'attacking: ' + cfg.attack if cfg.attack != 'none' else 'behaving honestly'}"
+            f", {b} Byzantine ({100 * b / cfg.n_clients:.0f} %) "
+            f"{'attacking: ' + cfg.attack if cfg.attack != 'none' else 'behaving honestly'}"
             if b
             else ", no Byzantine clients"
         )

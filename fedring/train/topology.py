@@ -43,7 +43,7 @@ class RingTopology:
     def __init__(self, cfg: Config, net: Network, byzantine: np.ndarray, d: int):
         self.net = net
         self.rule = RING_RULES.build(
-            cfg.aggregator, cfg.section(cfg.aggregator), key="aggregator", n_clients=cfg.clients, seed=cfg.seed
+            cfg.aggregator, cfg.section(cfg.aggregator), key="aggregator", n_clients=cfg.n_clients, seed=cfg.seed
         )
         self.rule.set_byzantine(byzantine)
         self.state: dict[str, np.ndarray] = {}
@@ -69,10 +69,10 @@ class ServerTopology:
         }
         params.pop(cfg.aggregator, None)
         self.rule = make_aggregator(cfg.aggregator, defence_f(cfg), params, pre=cfg.pre_aggregators)
-        reason = self.rule.check(cfg.clients)
+        reason = self.rule.check(cfg.n_clients)
         if reason is not None:
             raise ConfigError("aggregator", reason)
-        self.state: dict[str, np.ndarray] = self.rule.init_state(cfg.clients, d) if net.layout.rank == 0 else {}
+        self.state: dict[str, np.ndarray] = self.rule.init_state(cfg.n_clients, d) if net.layout.rank == 0 else {}
 
     @property
     def needs_reference(self) -> bool:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from fedring.attacks import AttackContext, Backdoor, DataAttack, make_attack
+from fedring.attacks import AttackContext, Backdoor, DataAttack, ModelAttack, make_attack
 from fedring.comm import Layout, Network
 from fedring.config import Config, byzantine_count, defence_f
 from fedring.datasets import DATASETS
@@ -40,7 +40,7 @@ def byzantine_clients(cfg: Config) -> np.ndarray:
     count = byzantine_count(cfg)
     if cfg.byzantine_select == "first":
         return np.arange(count)
-    return np.sort(generator(cfg.seed, Stream.BYZANTINE).choice(cfg.clients, count, replace=False))
+    return np.sort(generator(cfg.seed, Stream.BYZANTINE).choice(cfg.n_clients, count, replace=False))
 
 
 class Adversary:
@@ -53,12 +53,13 @@ class Adversary:
     ):
         self.cfg, self.net, self.topology, self.lr_at = cfg, net, topology, lr_at
         self.byzantine = byzantine
-        self.is_byzantine = np.zeros(cfg.clients, bool)
+        self.is_byzantine = np.zeros(cfg.n_clients, bool)
         self.is_byzantine[byzantine] = True
         self.f = defence_f(cfg)
-        self.attack = make_attack(cfg.attack, cfg.section("attack"), n_clients=cfg.clients)
-        if self.attack is not None and self.attack.kind == "model":
-            self.attack.check(cfg.clients, len(byzantine), self.f)
+        self.attack = make_attack(cfg.attack, cfg.section("attack"), n_clients=cfg.n_clients)
+        self.model_attack = self.attack if isinstance(self.attack, ModelAttack) else None
+        if self.model_attack is not None:
+            self.model_attack.check(cfg.n_clients, len(byzantine), self.f)
         self.data_attack = self.attack if isinstance(self.attack, DataAttack) else None
 
     def poisons(self, client: int) -> bool:
@@ -67,7 +68,7 @@ class Adversary:
     def context(self, rng: np.random.Generator, t: int, reference: np.ndarray | None = None) -> AttackContext:
         return AttackContext(
             rng=rng,
-            n=self.cfg.clients,
+            n=self.cfg.n_clients,
             f=self.f,
             lr=self.lr_at(t),
             round=t,
@@ -77,21 +78,22 @@ class Adversary:
 
     def attack_model(self, grads: np.ndarray, t: int, reference: np.ndarray | None) -> None:
         """Replace the Byzantine clients' rows of ``grads`` (this rank's clients) in place."""
-        if self.attack is None or self.attack.kind != "model":
+        attack = self.model_attack
+        if attack is None:
             return
         lay = self.net.layout
         local = [k for k, c in enumerate(lay.local_clients) if self.is_byzantine[c]]
-        if self.attack.knowledge == "own":
+        if attack.knowledge == "own":
             for k in local:
                 rng = generator(self.cfg.seed, Stream.ATTACK, client=lay.lo + k, step=t)
-                grads[k] = self.attack(grads[k : k + 1], None, self.context(rng, t))[0]
+                grads[k] = attack(grads[k : k + 1], None, self.context(rng, t))[0]
             return
         everyone = self.net.gather_to_server(grads, "adversary")
         crafted = None
         if everyone is not None:
-            honest = everyone[~self.is_byzantine] if self.attack.knowledge == "omniscient" else None
+            honest = everyone[~self.is_byzantine] if attack.knowledge == "omniscient" else None
             rng = generator(self.cfg.seed, Stream.ATTACK, step=t)
-            crafted = self.attack(everyone[self.byzantine], honest, self.context(rng, t, reference))
+            crafted = attack(everyone[self.byzantine], honest, self.context(rng, t, reference))
         mine = self.net.scatter_from_server(crafted, self.byzantine, "adversary", grads.shape[1:], grads.dtype)
         grads[local] = mine
 
@@ -102,7 +104,7 @@ class Trainer:
     def __init__(self, cfg: Config, comm: MPI.Comm):
         torch.set_num_threads(cfg.threads)
         self.cfg, self.comm = cfg, comm
-        self.layout = Layout(cfg.clients, comm)
+        self.layout = Layout(cfg.n_clients, comm)
         self.net = Network(self.layout)
         self.model = make_model(cfg.model, cfg.seed, DATASETS[cfg.dataset].shape)
         self.w = flatten(self.model)
@@ -115,7 +117,7 @@ class Trainer:
         self.data = FederatedData(
             cfg.dataset,
             cfg.data_dir,
-            cfg.clients,
+            cfg.n_clients,
             self.layout.local_clients,
             cfg.partition,
             cfg.noniid,
@@ -210,14 +212,14 @@ class Trainer:
         poison_rng = generator(self.cfg.seed, Stream.POISON, client=client, step=t)
         shard = self.data.shards[k]
         lr = np.float32(self.lr_at(t))
-        poisons = self.adversary.poisons(client)
+        data_attack = self.adversary.data_attack if self.adversary.poisons(client) else None
         steps = self.local_steps(shard)
         w_local = self.w.copy() if steps > 1 else self.w
         self.buffers.use(k)
         first_loss = 0.0
         for step, (x, y) in enumerate(self.local_batches(shard, rng)):
-            if poisons:
-                x, y = self.adversary.data_attack.poison(x, y, poison_rng)
+            if data_attack is not None:
+                x, y = data_attack.poison(x, y, poison_rng)
             loss = self._backward(x, y)
             if step == 0:
                 first_loss = loss
@@ -231,8 +233,8 @@ class Trainer:
             out[:] = (self.w - w_local) / lr
             load_flat(self.model, self.w)
         self.client_opt.direction(self.client_state, k, out)
-        if poisons and self.adversary.data_attack.scale != 1:
-            out *= np.float32(self.adversary.data_attack.scale)
+        if data_attack is not None and data_attack.scale != 1:
+            out *= np.float32(data_attack.scale)
         return first_loss
 
     def reference_gradient(self) -> np.ndarray | None:
@@ -240,6 +242,7 @@ class Trainer:
         if not self.topology.needs_reference or self.comm.rank != 0:
             return None
         server = self.data.server
+        assert server is not None, "rank 0 loads the server's set when the rule needs a reference"
         self._backward(server.x, server.y)
         out = np.empty(self.d, np.float32)
         flat_grad_into(self.model, out)
@@ -272,7 +275,7 @@ class Trainer:
         return out
 
     def _scores(self, name: str, part_of, backdoor: Backdoor | None) -> dict[str, float]:
-        n = self.cfg.clients
+        n = self.cfg.n_clients
         stats = np.zeros((5, n))  # loss sum, correct, count, triggered hits, triggered count
         with torch.no_grad():
             for k, client in enumerate(self.layout.local_clients):
@@ -302,4 +305,4 @@ class Trainer:
         """Collective: the mean over every client of ``batch_loss`` (each rank fills its clients' entries)."""
         total = batch_loss.copy()
         self.comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
-        return float(total.sum() / self.cfg.clients)
+        return float(total.sum() / self.cfg.n_clients)

@@ -18,7 +18,7 @@ import numpy as np
 from fedring.rng import Stream, generator
 
 if TYPE_CHECKING:
-    from .settings import PrismSettings
+    from .settings import ResolvedPrism
     from .uci import Superconductivity
 
 
@@ -43,7 +43,7 @@ class Environment:
     y_test: np.ndarray  # (n_local, N_test)
 
 
-def byzantine_set(s: PrismSettings, rng: np.random.Generator) -> np.ndarray:
+def byzantine_set(s: ResolvedPrism, rng: np.random.Generator) -> np.ndarray:
     """``|S_B|`` clients drawn uniformly; the same ones in training and calibration (the paper
     says so)."""
     byz = np.zeros(s.clients, dtype=bool)
@@ -51,7 +51,7 @@ def byzantine_set(s: PrismSettings, rng: np.random.Generator) -> np.ndarray:
     return byz
 
 
-def synthetic_environment(s: PrismSettings, seed: int, trial: int, lo: int, hi: int) -> Environment:
+def synthetic_environment(s: ResolvedPrism, seed: int, trial: int, lo: int, hi: int) -> Environment:
     """Sec. V-A: ``||w*|| = 1``; client k: ``x ~ N(0, varsigma_k^2 I)``, ``varsigma_k^2 ~
     U(input_var)``, ``y = w*^T x + nu``, ``nu ~ N(0, sigma_k^2)``, ``sigma_k^2 ~
     U(noise_var)``; one fresh sample per iteration, then the calibration and test samples.
@@ -70,10 +70,11 @@ def synthetic_environment(s: PrismSettings, seed: int, trial: int, lo: int, hi: 
     sizes = (N, s.calib_samples, s.test_samples)
     xs = [np.empty((nl, n, D)) for n in sizes]
     ys = [np.empty((nl, n)) for n in sizes]
+    (sx_lo, sx_hi), (sn_lo, sn_hi) = s.input_var, s.noise_var
     for j, k in enumerate(range(lo, hi)):
         rng = generator(seed, Stream.PRISM_DATA, client=k, step=trial)
-        sx = math.sqrt(rng.uniform(*s.input_var))
-        sn = math.sqrt(rng.uniform(*s.noise_var))
+        sx = math.sqrt(rng.uniform(sx_lo, sx_hi))
+        sn = math.sqrt(rng.uniform(sn_lo, sn_hi))
         for x, y, n in zip(xs, ys, sizes):
             x[j] = sx * rng.standard_normal((n, D))
             y[j] = (x[j] * w_star).sum(axis=1) + sn * rng.standard_normal(n)
@@ -92,7 +93,7 @@ def synthetic_environment(s: PrismSettings, seed: int, trial: int, lo: int, hi: 
     )
 
 
-def uci_environment(s: PrismSettings, data: Superconductivity, seed: int, trial: int, lo: int, hi: int) -> Environment:
+def uci_environment(s: ResolvedPrism, data: Superconductivity, seed: int, trial: int, lo: int, hi: int) -> Environment:
     """Sec. V-B: the decile/Dirichlet client split (:mod:`.uci`), each client's samples cut
     into ``iterations`` train, ``calib_samples`` calibration and ``test_samples`` test ones;
     widths are reported in Kelvin (the normalized width times the target's standard
@@ -115,9 +116,10 @@ def uci_environment(s: PrismSettings, data: Superconductivity, seed: int, trial:
 
 
 def environment(
-    s: PrismSettings, data: Superconductivity | None, seed: int, trial: int, lo: int, hi: int
+    s: ResolvedPrism, data: Superconductivity | None, seed: int, trial: int, lo: int, hi: int
 ) -> Environment:
     """The trial's world for the clients ``lo .. hi-1``: synthetic, or the UCI split of ``data``."""
     if s.dataset == "synthetic":
         return synthetic_environment(s, seed, trial, lo, hi)
+    assert data is not None, "uci runs load their data first"
     return uci_environment(s, data, seed, trial, lo, hi)

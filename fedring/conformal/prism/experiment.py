@@ -26,11 +26,11 @@ from fedring.conformal.split import split_conformal_quantile
 from fedring.conformal.trials import TrialJob
 from fedring.rng import Stream, generator
 
-from .attacks import CalibrationAttack, make_calib_attack
+from .attacks import CalibrationAttack, RandomAttack, make_calib_attack
 from .calibration import characterization_vectors, filter_clients
 from .environment import Environment, environment
 from .psofed import participants, sent_bytes, train_psofed
-from .settings import TABLE_ATTACKS, PrismSettings
+from .settings import TABLE_ATTACKS, ResolvedPrism
 
 METHOD_LABEL = {"prism": "PRISM-FCP", "robfcp": "Rob-FCP", "fcp": "FCP"}
 
@@ -49,7 +49,7 @@ PAPER_TABLE_I = {
 PAPER_MSE_DB = {"prism": -26.4, "robfcp": -21.4}
 
 #: Table II of the paper (UCI, widths in K): (attack, method, M) -> (coverage %, std, width, std).
-PAPER_TABLE_II = {}
+PAPER_TABLE_II: dict[tuple[str, str, int], tuple[float, ...]] = {}
 for _att, _rows in {
     "efficiency": [
         (20, 90.0, 0.1, 64.09, 1.25),
@@ -77,7 +77,7 @@ for _att, _rows in {
     ],
 }.items():
     for _key, *_vals in _rows:
-        _k = (_att, "prism", _key) if isinstance(_key, int) else (_att, _key, 81)
+        _k = (_att, "prism", _key) if isinstance(_key, int) else (_att, str(_key), 81)
         PAPER_TABLE_II[_k] = tuple(_vals)
 
 
@@ -100,13 +100,13 @@ def case(attack: str, method: str, shared: int, filter: str | None) -> dict:
     }
 
 
-def single_case(s: PrismSettings) -> dict:
+def single_case(s: ResolvedPrism) -> dict:
     """The case of a run without ``--table``: its method, attack and filter; the baselines share fully."""
     shared = s.shared if s.method == "prism" else s.dim
     return case(s.calib_attack, s.method, shared, None if s.method == "fcp" else s.filter)
 
 
-def table_cases(s: PrismSettings) -> list[dict]:
+def table_cases(s: ResolvedPrism) -> list[dict]:
     """Table I (synthetic) or Table II (UCI) rows, plus PRISM-FCP with the MAD rule."""
     prism_ms = (s.shared,) if s.dataset == "synthetic" else (20, 40, 60, 81)
     cases = []
@@ -128,7 +128,7 @@ def _scores(env: Environment, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def reported_scores(
-    s: PrismSettings,
+    s: ResolvedPrism,
     env: Environment,
     cal: np.ndarray,
     attack: CalibrationAttack | None,
@@ -161,21 +161,22 @@ def reported_scores(
 
 
 def calibrate_case(
-    s: PrismSettings, filter: str | None, env: Environment, rep: np.ndarray, net: Network
+    s: ResolvedPrism, filter: str | None, env: Environment, rep: np.ndarray, net: Network
 ) -> tuple[float, np.ndarray]:
     """Server-side calibration of one case over the network: the threshold on every rank,
     the flagged clients (K,) on rank 0 (phases ``calib_up``, ``calib_down``)."""
-    K, rank0 = s.clients, net.layout.rank == 0
+    K = s.clients
     flagged = np.zeros(K, dtype=bool)
     if filter is not None:
         r_max = s.r_max
         if r_max is None:
             local_max = rep.max(axis=1, keepdims=True) if rep.shape[1] else np.zeros((rep.shape[0], 1))
             maxima = net.gather_to_server(local_max, "calib_up")
-            r_max = float(net.broadcast_from_server(maxima.max() if rank0 else None, "calib_down", (1,), np.float64)[0])
+            top = None if maxima is None else maxima.max()  # maxima: on rank 0
+            r_max = float(net.broadcast_from_server(top, "calib_down", (1,), np.float64)[0])
         v = net.gather_to_server(characterization_vectors(rep, r_max, s.bins), "calib_up")
         verdict = None
-        if rank0:
+        if v is not None:  # rank 0
             flagged, _ = filter_clients(
                 v, np.full(K, rep.shape[1] > 0), filter, s.byzantine, s.mad_scale, s.mad_threshold
             )
@@ -184,12 +185,12 @@ def calibrate_case(
     kept = np.flatnonzero(~flagged)
     mine = kept[(kept >= env.lo) & (kept < env.hi)] - env.lo
     pool = net.gather_to_server(rep[mine], "calib_up", clients=kept)
-    q = split_conformal_quantile(pool, s.alpha) if rank0 else None
+    q = None if pool is None else split_conformal_quantile(pool, s.alpha)  # pool: on rank 0
     return float(net.broadcast_from_server(q, "calib_down", (1,), np.float64)[0]), flagged
 
 
 def run_trial(
-    s: PrismSettings,
+    s: ResolvedPrism,
     cases: list[dict],
     seed: int,
     trial: int,
@@ -244,8 +245,8 @@ def run_trial(
                 sqerr[ci, lo:hi] = sq
                 traffic[ci] = (tr.bytes_up, tr.bytes_down, *calib)
     counts = net.sum_to_server(np.concatenate([covered, sqerr, tested]))
-    traffic = net.sum_to_server(traffic)
-    if not rank0:
+    traffic_sum = net.sum_to_server(traffic)
+    if counts is None or traffic_sum is None:  # not rank 0
         return None
     covered, sqerr, n_tested = counts[:C].sum(axis=1), counts[C : 2 * C].sum(axis=1), counts[-1].sum()
     mse = np.array([msd[c["shared"]] for c in cases]) if env.w_star is not None else sqerr / n_tested
@@ -260,10 +261,10 @@ def run_trial(
         "tp": (flags & byz).sum(axis=1),
         "fp": (flags & ~byz).sum(axis=1),
         "flagged": flags.astype(np.uint8),
-        "bytes_train_up": traffic[:, 0],
-        "bytes_train_down": traffic[:, 1],
-        "bytes_calib_up": traffic[:, 2],
-        "bytes_calib_down": traffic[:, 3],
+        "bytes_train_up": traffic_sum[:, 0],
+        "bytes_train_down": traffic_sum[:, 1],
+        "bytes_calib_up": traffic_sum[:, 2],
+        "bytes_calib_down": traffic_sum[:, 3],
     }
 
 
@@ -302,7 +303,7 @@ def summarize(rows: dict[str, np.ndarray], cases: list[dict]) -> list[dict]:
     return out
 
 
-def format_table(s: PrismSettings, summary: list[dict], seed: int, random_variance: float) -> str:
+def format_table(s: ResolvedPrism, summary: list[dict], seed: int, random_variance: float) -> str:
     """The paper's table layout, our numbers beside the paper's (``random_variance``: the
     random attack's sigma_C^2 the run used)."""
     synthetic = s.dataset == "synthetic"
@@ -332,8 +333,11 @@ def format_table(s: PrismSettings, summary: list[dict], seed: int, random_varian
         c = row["case"]
         if c["filter"] == "mad":
             continue
-        key = (c["attack"], c["method"]) if synthetic else (c["attack"], c["method"], c["shared"])
-        paper = (PAPER_TABLE_I if synthetic else PAPER_TABLE_II).get(key)
+        paper = (
+            PAPER_TABLE_I.get((c["attack"], c["method"]))
+            if synthetic
+            else PAPER_TABLE_II.get((c["attack"], c["method"], c["shared"]))
+        )
         ptxt = f"{paper[0]:>9.1f} ± {paper[1]:.1f}  {paper[2]:>8.2f} ± {paper[3]:.2f}" if paper else ""
         lines.append(
             f"{(c['attack'].capitalize() if c['attack'] != last else ''):<11}{METHOD_LABEL[c['method']]:<11}"
@@ -393,9 +397,9 @@ class PrismJob(TrialJob):
     ``/calibration`` row each (:class:`fedring.conformal.trials.TrialJob`)."""
 
     size_kind = "interval width"
-    settings: PrismSettings
+    settings: ResolvedPrism
 
-    def __init__(self, cfg: Config, comm: MPI.Comm, s: PrismSettings):
+    def __init__(self, cfg: Config, comm: MPI.Comm, s: ResolvedPrism):
         super().__init__(cfg, comm, Network(Layout(s.clients, comm)))
         self.settings, self.alpha, self.trials = s, s.alpha, s.trials
         self.cases = table_cases(s) if s.table else [single_case(s)]
@@ -405,10 +409,11 @@ class PrismJob(TrialJob):
         }
         self.data = _load_data(s, cfg.seed)
 
-    def run_batch(self, trials: list[int]) -> list[dict | None]:
-        return [
+    def run_batch(self, trials: list[int]) -> list[dict] | None:
+        rows = [
             run_trial(self.settings, self.cases, self.cfg.seed, t, self.net, self.data, self.attacks) for t in trials
         ]
+        return [row for row in rows if row is not None] if self.net.layout.rank == 0 else None
 
     def describe(self, row: dict) -> str:
         if len(self.cases) > 1:
@@ -429,11 +434,12 @@ class PrismJob(TrialJob):
         summary = summarize(rows, self.cases)
         if self.settings.table:
             random = self.attacks.get("random") or make_calib_attack("random", self.settings.attack_params("random"))
+            assert isinstance(random, RandomAttack), "the attack named random"
             return format_table(self.settings, summary, self.cfg.seed, random.variance)
         return f"{self.cases[0]['label']}: {format_case(summary[0])}"
 
 
-def _load_data(s: PrismSettings, seed: int):
+def _load_data(s: ResolvedPrism, seed: int):
     """The UCI data (None for synthetic runs). With ``standin``, each rank first writes the
     same stand-in file of the real one's shape (drawn from the run's seed) into a temporary
     folder of its own, read and removed at once: no rank depends on another's file system."""
@@ -442,6 +448,7 @@ def _load_data(s: PrismSettings, seed: int):
     from .uci import load_superconductivity, write_standin_csv
 
     if not s.standin:
+        assert s.data_dir is not None, "check() asks uci runs for data_dir or standin"
         return load_superconductivity(s.data_dir)
     import tempfile
     from pathlib import Path

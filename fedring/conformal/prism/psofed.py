@@ -32,7 +32,7 @@ from fedring.rng import Stream, generator
 
 if TYPE_CHECKING:
     from .environment import Environment
-    from .settings import PrismSettings
+    from .settings import ResolvedPrism
 
 #: how a Byzantine client's corruption stays in its own model: not at all, in the shared
 #: coordinates it sent, or the whole noise vector
@@ -59,7 +59,7 @@ def selection_masks(rng: np.random.Generator, n: int, dim: int, shared: int, sch
     return np.sort(np.argpartition(u, shared - 1, axis=1)[:, :shared], axis=1)
 
 
-def participants(s: PrismSettings, seed: int, trial: int) -> np.ndarray:
+def participants(s: ResolvedPrism, seed: int, trial: int) -> np.ndarray:
     """``S_n`` for n = 1..N_iter, ``(N_iter, |S_n|)`` sorted client indices (the server's draws)."""
     rng = generator(seed, Stream.PRISM_PARTICIPANTS, step=trial)
     u = rng.random((s.iterations, s.clients))
@@ -67,7 +67,7 @@ def participants(s: PrismSettings, seed: int, trial: int) -> np.ndarray:
     return np.sort(np.argpartition(u, p - 1, axis=1)[:, :p], axis=1)
 
 
-def client_masks(s: PrismSettings, seed: int, trial: int, clients, shared: int) -> np.ndarray:
+def client_masks(s: ResolvedPrism, seed: int, trial: int, clients, shared: int) -> np.ndarray:
     """Time-major masks ``(N_iter + 1, len(clients), M)``; row 0 is ``S_{k,0}``.
 
     A client's masks come from its own generator, so the server (which derives every
@@ -84,7 +84,7 @@ class UplinkNoise:
     ``(N_iter, n_local)`` and ``delta[slot[j]]`` ``(N_iter, D)`` for hosted client ``j``,
     independent of the data and the masks."""
 
-    def __init__(self, s: PrismSettings, seed: int, trial: int, env: Environment):
+    def __init__(self, s: ResolvedPrism, seed: int, trial: int, env: Environment):
         nl = env.hi - env.lo
         self.slot = np.full(nl, -1)
         self.tau = np.zeros((s.iterations, nl), dtype=bool)
@@ -112,7 +112,7 @@ def sent_bytes(net: Network) -> tuple[int, int]:
 
 
 def train_psofed(
-    s: PrismSettings,
+    s: ResolvedPrism,
     env: Environment,
     shared: int,
     net: Network,
@@ -142,8 +142,8 @@ def train_psofed(
     lo, hi, D, P, mu = env.lo, env.hi, s.dim, s.participants, s.step
     parts = participants(s, seed, trial) if parts is None else parts
     server = net.layout.rank == 0
-    masks_all = client_masks(s, seed, trial, range(s.clients), shared) if server else None
-    masks = masks_all[:, lo:hi] if server else client_masks(s, seed, trial, range(lo, hi), shared)
+    masks_all = client_masks(s, seed, trial, range(s.clients), shared) if server else None  # the server's
+    masks = masks_all[:, lo:hi] if masks_all is not None else client_masks(s, seed, trial, range(lo, hi), shared)
     noise = UplinkNoise(s, seed, trial, env)
     w_loc = np.zeros((hi - lo, D))
     w_glob = np.zeros(D)
@@ -153,7 +153,7 @@ def train_psofed(
         part = parts[i]
         a, b = np.searchsorted(part, (lo, hi))
         rows = part[a:b] - lo
-        down = w_glob[masks_all[i, part]] if server else None
+        down = w_glob[masks_all[i, part]] if masks_all is not None else None
         down_loc = net.scatter_from_server(down, part, "train_down", (shared,), np.float64)
         if rows.size:
             w_loc[rows[:, None], masks[i, rows]] = down_loc
@@ -177,7 +177,7 @@ def train_psofed(
             elif s.byz_persist == "sent":
                 w_loc[r[:, None], up_idx[hit]] = sent[hit]
         up = net.gather_to_server(sent, "train_up", clients=part)
-        if server:
+        if masks_all is not None:
             full = np.tile(w_glob, (P, 1))
             full[rows_all, masks_all[i + 1, part]] = up
             w_glob = full.sum(axis=0) / P

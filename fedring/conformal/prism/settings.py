@@ -11,6 +11,7 @@ its simulation, and each profile of :data:`PROFILES` is one consistent reading o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from fedring import validate as check
 from fedring.config import section_settings
@@ -37,7 +38,7 @@ COVERAGE_ON = ("benign", "all")
 #:   the corrupted *shared* coordinates stay in the attacker's model, and sigma_C = 0.5 read
 #:   as a standard deviation (variance 0.25). Every Table I number is reproduced closely.
 #: - ``uci``: paper-fit's mechanics with mu = 0.01, for 81 standardized, correlated features.
-PROFILES = {
+PROFILES: dict[str, dict[str, Any]] = {
     "stable": {
         "step": 0.01,
         "byz_persist": "none",
@@ -171,10 +172,10 @@ class PrismSettings:
         for name in ("participants", "dim", "shared", "profile"):
             if getattr(self, name) is None:
                 setattr(self, name, defaults[name])
-        check.choice("prism.profile", self.profile, PROFILES)
+        profile: str = check.choice("prism.profile", self.profile, PROFILES)
         for name in ("step", "byz_persist", "local_updates"):
             if getattr(self, name) is None:
-                setattr(self, name, PROFILES[self.profile][name])
+                setattr(self, name, PROFILES[profile][name])
         check.integer("prism.clients", self.clients, lo=1)
         check.integer("prism.participants", self.participants, lo=1, hi=self.clients)
         check.integer("prism.dim", self.dim, lo=1)
@@ -212,17 +213,30 @@ class PrismSettings:
                 "UCI train.csv) or --standin, and not both",
             )
 
-    def attack_params(self, name: str, given: dict | None = None) -> dict:
-        """The parameters of calibration attack ``name``: the profile's, then ``given``."""
-        return {**PROFILES[self.profile]["calib_attacks"].get(name, {}), **(given or {})}
-
     @property
     def attacks(self) -> list[str]:
         """The calibration attacks the run's cases use."""
         return list(TABLE_ATTACKS) if self.table else [self.calib_attack]
 
 
-def settings(**values) -> PrismSettings:
+class ResolvedPrism(PrismSettings):
+    """The ``[prism]`` settings as a run uses them: built by :func:`settings` (and the task),
+    which run :meth:`PrismSettings.check`, so the settings it fills are never None."""
+
+    profile: str
+    participants: int
+    dim: int
+    shared: int
+    step: float
+    byz_persist: str
+    local_updates: bool
+
+    def attack_params(self, name: str, given: dict | None = None) -> dict:
+        """The parameters of calibration attack ``name``: the profile's, then ``given``."""
+        return {**PROFILES[self.profile]["calib_attacks"].get(name, {}), **(given or {})}
+
+
+def settings(**values) -> ResolvedPrism:
     """Checked settings from ``[prism]`` values, as a run reads them (tests and benchmarks).
 
     >>> s = settings(profile="stable")
@@ -232,4 +246,4 @@ def settings(**values) -> PrismSettings:
     Traceback (most recent call last):
     fedring.errors.ConfigError: prism.shared: must be in [1, 50], got 60
     """
-    return section_settings(PrismSettings, "prism", values)
+    return section_settings(ResolvedPrism, "prism", values)

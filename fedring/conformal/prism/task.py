@@ -11,7 +11,7 @@ from fedring.tasks import TASKS, Task
 
 from .attacks import CALIB_ATTACKS, make_calib_attack
 from .experiment import METHOD_LABEL, PrismJob
-from .settings import TABLE_ATTACKS, PrismSettings
+from .settings import TABLE_ATTACKS, PrismSettings, ResolvedPrism
 from .uci import superconductivity_file
 
 
@@ -23,7 +23,8 @@ class PrismTask(Task):
 
     def __init__(self, cfg: Config, world_size: int):
         super().__init__(cfg, world_size)
-        self.settings = s = section_settings(PrismSettings, "prism", cfg.section("prism"))
+        self.settings: ResolvedPrism = section_settings(ResolvedPrism, "prism", cfg.section("prism"))
+        s = self.settings
         check.fills_ranks("prism.clients", s.clients, world_size)
         known = ["prism", *CALIB_ATTACKS]
         for section in cfg.sections:
