@@ -345,7 +345,10 @@ def heatmap_panels(
     for share in shares:
         part = df if share is None else df[df["byzantine"] == share]
         if tune:
-            values = worst_case(part, by, tune, window).test["mean"]
+            result = worst_case(part, by, tune, window)
+            values = result.test["mean"]
+            values.attrs["selected_on"] = result.selected_on.replace("_", " ")
+            values.attrs["setting"] = {d: ", ".join(f"{k} {r[k]}" for k in tune) for d, r in result.choice.iterrows()}
         else:
             final = defence_rows(part, by, metric_column(part, metric), window)
             values = final.groupby(["defence", "attack"])[metric_column(part, metric)].mean().unstack("attack")
@@ -370,14 +373,15 @@ def plot_heatmap(
 ) -> dict[str, pd.DataFrame]:
     """Draw :func:`heatmap_panels` side by side, one colour scale, every cell annotated; returns the panels."""
     panels = heatmap_panels(df, by, tune, metric, window)
-    widths = [max(2.0, 0.95 * frame.shape[1]) for frame in panels.values()]
+    widths = [max(2.0, 1.0 * frame.shape[1]) for frame in panels.values()]
     n_rows = max(frame.shape[0] for frame in panels.values())
     fig, axes = plt.subplots(
         1,
         len(panels),
-        figsize=(sum(widths) + 2.2 * len(panels) + 1.2, 0.45 * n_rows + 2.2),
+        figsize=(sum(widths) + 2.6 * len(panels) + 1.0, 0.5 * n_rows + 2.4),
         gridspec_kw={"width_ratios": widths},
         squeeze=False,
+        layout="constrained",
     )
     values = pd.concat([frame.stack() for frame in panels.values()])
     bounded = metric.endswith(("accuracy", "error", "rate")) or bool(tune)
@@ -388,15 +392,26 @@ def plot_heatmap(
         for (i, j), v in pd.DataFrame(frame.to_numpy(dtype=float)).stack().items():
             shade = (v - low) / (high - low) if high > low else 0.5
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=9, color="black" if shade > 0.6 else "white")
-        ax.set_xticks(range(frame.shape[1]), [text(c).removesuffix(" attack") for c in frame.columns])
-        ax.set_yticks(range(frame.shape[0]), [text(r) for r in frame.index])
+        attacks = "Byzantine share" not in title
+        ax.set_xticks(
+            range(frame.shape[1]), [text(c).removesuffix(" attack") if c != "no attack" else c for c in frame.columns]
+        )
+        setting = frame.attrs.get("setting", {})
+        ax.set_yticks(range(frame.shape[0]), [f"{r}\n({setting[r]})" if r in setting else text(r) for r in frame.index])
+        ax.set_xlabel("attack" if attacks else "Byzantine share")
         ax.tick_params(axis="x", labelrotation=30)
         for label in ax.get_xticklabels():
             label.set_horizontalalignment("right")
         ax.set_title(title, fontsize=10)
-    what = metric.replace("_", " ") if not tune else f"test accuracy at the {', '.join(tune)} with the best worst case"
+    what = metric.replace("_", " ") if not tune else "test accuracy"
     window_text = "final evaluation" if window == 1 else f"mean of the last {window} evaluations"
-    fig.colorbar(image, ax=list(axes.flat), label=f"{what} ({window_text})", fraction=0.04, pad=0.03)
+    fig.colorbar(image, ax=list(axes.flat), label=f"{what} ({window_text})", fraction=0.04, pad=0.02)
+    if tune:
+        fig.suptitle(
+            f"Test accuracy at each defence's {', '.join(tune)} (in parentheses) with the best worst-case "
+            f"{next(iter(panels.values())).attrs['selected_on']} over the attacks",
+            fontsize=10,
+        )
     _save(fig, out)
     return panels
 
