@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -91,7 +92,7 @@ def selection_metric(df: pd.DataFrame) -> str:
     return TEST
 
 
-def defence_rows(df: pd.DataFrame, by: str, metric: str, window: int, tune: list[str] = []) -> pd.DataFrame:  # noqa: B006
+def defence_rows(df: pd.DataFrame, by: str, metric: str, window: int, tune: Sequence[str] = ()) -> pd.DataFrame:
     """:func:`final_rows` of ``metric`` with the ``defence`` and ``attack`` labels (and the tuned keys) as
     text; refused (SystemExit) where a cell (defence, tuned values, attack) mixes runs that differ
     in anything but the seed."""
@@ -110,8 +111,9 @@ def defence_order(final: pd.DataFrame, by: str) -> list:
     return _order(final["defence"].unique(), METHOD_ORDER if by == "aggregator" else [])
 
 
-def worst_case(df: pd.DataFrame, by: str = "aggregator", tune: list[str] = ["lr"], window: int = 1) -> WorstCase:  # noqa: B006
+def worst_case(df: pd.DataFrame, by: str = "aggregator", tune: Sequence[str] = ("lr",), window: int = 1) -> WorstCase:
     """Each defence's setting of ``tune`` with the best worst-case accuracy over the attacks (module docstring)."""
+    tune = list(tune)
     if window < 1:
         raise SystemExit(f"--final-window must be at least 1, got {window}")
     settings = config_columns(df)
