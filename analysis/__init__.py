@@ -8,6 +8,8 @@ COMMAND --help`` their options::
     python -m analysis table           FILES|DIRS... [--out PREFIX] [--rows attack] [--cols method]
                                        [--metric test_error] [--final-window K] [--diff-to COLUMN]
     python -m analysis conformal-table FILES|DIRS... [--out PREFIX]
+    python -m analysis worst-case      FILES|DIRS... --tune lr[,KEY...] [--by aggregator] [--out PREFIX]
+    python -m analysis heatmap         FILES|DIRS... --out heatmap.png [--tune lr | --metric test_accuracy]
     python -m analysis plot-accuracy   FILES|DIRS... --out accuracy.png
     python -m analysis plot-bytes      FILES|DIRS... --out bytes.png
     python -m analysis plot-drift      FILES|DIRS... --out drift.png
@@ -19,7 +21,9 @@ COMMAND --help`` their options::
   paired difference to one column (:mod:`analysis.tables`).
 - ``conformal-table``: coverage and interval width / set size of every case of the conformal
   runs' ``/calibration`` (:mod:`analysis.conformal`).
-- ``plot-accuracy``, ``plot-bytes``, ``plot-drift``, ``plot-conformal``: PNG figures
+- ``worst-case``: per defence, the tuned setting with the best worst-case validation accuracy
+  over the attacks, and its test accuracy under each (:mod:`analysis.worst_case`).
+- ``heatmap``, ``plot-accuracy``, ``plot-bytes``, ``plot-drift``, ``plot-conformal``: PNG figures
   (:mod:`analysis.plots`).
 
 A directory stands for every ``*.h5`` file under it. Files that cannot be read, are being
@@ -41,6 +45,16 @@ COMMANDS = {
         "analysis.conformal",
         "main_table",
         "coverage and interval width / set size per case of conformal runs (/calibration)",
+    ),
+    "worst-case": (
+        "analysis.worst_case",
+        "main",
+        "per defence, the tuned setting with the best worst-case validation accuracy over the attacks, and its test accuracy",
+    ),
+    "heatmap": (
+        "analysis.plots",
+        "main_heatmap",
+        "defence x attack (and defence x Byzantine share) heatmap of worst-case-tuned or final accuracy",
     ),
     "plot-accuracy": (
         "analysis.plots",

@@ -11,6 +11,9 @@
   at each evaluation, and the +/-/0 consensus fractions of every round
   (``/ring/plus_fraction``, ``minus_fraction``, ``zero_fraction``; moving average of
   ``--smooth`` rounds) for the runs that have them.
+- ``heatmap``: defence x attack heatmaps of the test accuracy at each defence's worst-case-tuned
+  setting (:mod:`analysis.worst_case`) or of a final metric, one per Byzantine share, and a
+  defence x Byzantine share heatmap of the worst case over attacks when the share varies.
 - ``plot-conformal``: coverage (with the 1 - alpha target) and size (interval width or set
   size) per case of the conformal runs (:mod:`analysis.conformal`).
 """
@@ -41,9 +44,11 @@ from .tables import (
     check_cells,
     check_comparable,
     method_labels,
+    metric_column,
     say_varying,
     text,
 )
+from .worst_case import add_protocol_options, defence_order, defence_rows, load_selected, worst_case
 
 
 def _save(fig, out: str) -> None:
@@ -317,4 +322,115 @@ def main_conformal(argv: list[str]) -> int:
         print("no complete conformal runs to plot", file=sys.stderr)
         return 1
     plot_conformal(df, args.out)
+    return 0
+
+
+def share_label(share) -> str:
+    """A Byzantine share as a heatmap label: a fraction as a percentage, a count as it is."""
+    return f"{100 * share:g} %" if share < 1 else f"{share:g} clients"
+
+
+def heatmap_panels(
+    df: pd.DataFrame,
+    by: str = "aggregator",
+    tune: list[str] | None = None,
+    metric: str = "test_accuracy",
+    window: int = 1,
+) -> dict[str, pd.DataFrame]:
+    """The heatmaps' values, title -> defence x column frame: per Byzantine share a defence x attack
+    panel (test accuracy at the worst-case-tuned setting with ``tune``, else ``metric``'s mean over
+    seeds), and with several shares a defence x share panel of each row's lowest value over attacks."""
+    shares = sorted(df["byzantine"].unique()) if "byzantine" in df else [None]
+    panels, worst = {}, {}
+    for share in shares:
+        part = df if share is None else df[df["byzantine"] == share]
+        if tune:
+            result = worst_case(part, by, tune, window)
+            values = result.test["mean"]
+            values.attrs["selected_on"] = result.selected_on.replace("_", " ")
+            values.attrs["setting"] = {d: ", ".join(f"{k} {r[k]}" for k in tune) for d, r in result.choice.iterrows()}
+        else:
+            final = defence_rows(part, by, metric_column(part, metric), window)
+            values = final.groupby(["defence", "attack"])[metric_column(part, metric)].mean().unstack("attack")
+            values = values.reindex(
+                index=defence_order(final, by), columns=_order(final["attack"].unique(), ATTACK_LABELS)
+            )
+        title = "defence x attack" + (f", Byzantine {share_label(share)}" if share is not None else "")
+        panels[title] = values
+        worst[share_label(share) if share is not None else ""] = values.min(axis=1)
+    if len(shares) > 1:
+        panels["defence x Byzantine share: worst case over attacks"] = pd.DataFrame(worst)
+    return panels
+
+
+def plot_heatmap(
+    df: pd.DataFrame,
+    out: str,
+    by: str = "aggregator",
+    tune: list[str] | None = None,
+    metric: str = "test_accuracy",
+    window: int = 1,
+) -> dict[str, pd.DataFrame]:
+    """Draw :func:`heatmap_panels` side by side, one colour scale, every cell annotated; returns the panels."""
+    panels = heatmap_panels(df, by, tune, metric, window)
+    widths = [max(2.0, 1.0 * frame.shape[1]) for frame in panels.values()]
+    n_rows = max(frame.shape[0] for frame in panels.values())
+    fig, axes = plt.subplots(
+        1,
+        len(panels),
+        figsize=(sum(widths) + 2.6 * len(panels) + 1.0, 0.5 * n_rows + 2.4),
+        gridspec_kw={"width_ratios": widths},
+        squeeze=False,
+        layout="constrained",
+    )
+    values = pd.concat([frame.stack() for frame in panels.values()])
+    bounded = metric.endswith(("accuracy", "error", "rate")) or bool(tune)
+    low, high = (0.0, 1.0) if bounded else (float(values.min()), float(values.max()))
+    cmap = plt.get_cmap("viridis")
+    for ax, (title, frame) in zip(axes.flat, panels.items()):
+        image = ax.imshow(frame.to_numpy(dtype=float), cmap=cmap, vmin=low, vmax=high, aspect="auto")
+        for (i, j), v in pd.DataFrame(frame.to_numpy(dtype=float)).stack().items():
+            shade = (v - low) / (high - low) if high > low else 0.5
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=9, color="black" if shade > 0.6 else "white")
+        attacks = "Byzantine share" not in title
+        ax.set_xticks(
+            range(frame.shape[1]), [text(c).removesuffix(" attack") if c != "no attack" else c for c in frame.columns]
+        )
+        setting = frame.attrs.get("setting", {})
+        ax.set_yticks(range(frame.shape[0]), [f"{r}\n({setting[r]})" if r in setting else text(r) for r in frame.index])
+        ax.set_xlabel("attack" if attacks else "Byzantine share")
+        ax.tick_params(axis="x", labelrotation=30)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
+        ax.set_title(title, fontsize=10)
+    what = metric.replace("_", " ") if not tune else "test accuracy"
+    window_text = "final evaluation" if window == 1 else f"mean of the last {window} evaluations"
+    fig.colorbar(image, ax=list(axes.flat), label=f"{what} ({window_text})", fraction=0.04, pad=0.02)
+    if tune:
+        fig.suptitle(
+            f"Test accuracy at each defence's {', '.join(tune)} (in parentheses) with the best worst-case "
+            f"{next(iter(panels.values())).attrs['selected_on']} over the attacks",
+            fontsize=10,
+        )
+    _save(fig, out)
+    return panels
+
+
+def main_heatmap(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m analysis heatmap",
+        description="Defence x attack (and defence x Byzantine share) heatmaps: test accuracy at the "
+        "worst-case-tuned setting (--tune), or a final metric's mean over seeds.",
+    )
+    add_protocol_options(p, tune_required=False)
+    p.add_argument("--out", required=True, metavar="FILE.png")
+    p.add_argument(
+        "--metric", default="test_accuracy", help="without --tune: the metric in the cells (default test_accuracy)"
+    )
+    args = p.parse_args(argv)
+    df = load_selected(args)
+    if df is None:
+        return 1
+    for title, frame in plot_heatmap(df, args.out, args.by, args.tune, args.metric, args.final_window).items():
+        print(f"{title}:\n{frame.to_string(float_format=lambda v: f'{v:.4f}')}\n")
     return 0

@@ -167,17 +167,18 @@ def check_comparable(runs: pd.DataFrame, axes: set) -> None:
             )
 
 
-def check_cells(final: pd.DataFrame, rows: str, cols: str, fixed: set) -> None:
-    """Refuse a cell whose runs differ in a setting other than ``fixed``."""
+def check_cells(final: pd.DataFrame, rows: str, cols: str, fixed: set, *more: str) -> None:
+    """Refuse a cell (its ``rows``, ``cols`` and ``more`` values) whose runs differ in a setting other than ``fixed``."""
     mixed = {}
-    for key, cell in final.groupby([rows, cols]):
+    keys = [rows, cols, *more]
+    for key, cell in final.groupby(keys):
         for c in config_columns(final):
             if c not in fixed and cell[c].map(text).nunique() > 1:
                 mixed.setdefault(c, (key, sorted(cell[c].map(text).unique())))
     if mixed:
         c, (key, values) = next(iter(mixed.items()))
         raise SystemExit(
-            f"the runs of cell {rows}={key[0]!r}, {cols}={key[1]!r} differ in {c} ({', '.join(values)})"
+            f"the runs of cell {', '.join(f'{k}={v!r}' for k, v in zip(keys, key))} differ in {c} ({', '.join(values)})"
             f"{' and in ' + ', '.join(list(mixed)[1:]) if len(mixed) > 1 else ''}: choose with --where KEY=VALUE"
         )
 

@@ -35,12 +35,14 @@ def fake_run(
     eval_every=2,
     accuracy=None,
     success=None,
+    validation=None,
     clients=4,
     bytes_per_client=None,
     server_bytes=0,
     **settings,
 ):
-    """A results file as fedring writes it; accuracy(round) and success(round) give the metrics."""
+    """A results file as fedring writes it; accuracy(round), success(round) and validation(round)
+    (validation accuracy) give the metrics."""
     cfg = Config(dataset="synthetic", clients=clients, rounds=rounds, eval_every=eval_every)
     for k, v in settings.items():
         setattr(cfg, k, v)
@@ -56,6 +58,8 @@ def fake_run(
             metrics = {"round": rnd, "test_accuracy": accuracy(rnd), "test_loss": 1.0, "train_loss": 1.0}
             if success is not None:
                 metrics["attack_success_rate"] = success(rnd)
+            if validation is not None:
+                metrics["validation_accuracy"] = validation(rnd)
         f.append_round(metrics, rows, rounds_completed=rnd)
     if status == "running":
         f.h5.flush()
