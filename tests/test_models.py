@@ -19,6 +19,7 @@ from fedring.train.models import MODELS, flatten, make_model, n_parameters
         ),
         # stem 1,728 + 2 x 128 norm; stages 147,968 / 525,568 / 2,099,712 / 8,393,728 (with their norms); fc 5,130
         ("resnet18_gn", (3, 32, 32), 11_173_962),
+        ("resnet18", (3, 32, 32), 11_173_962),  # BatchNorm has GroupNorm's affine parameters
     ],
 )
 def test_model_sizes_and_outputs(name, shape, d):
@@ -36,6 +37,14 @@ def test_resnet18_gn_is_the_cifar_variant_with_groupnorm_only():
     assert not any(isinstance(m, (torch.nn.MaxPool2d, torch.nn.BatchNorm2d)) for m in model.modules())
     norms = [m for m in model.modules() if isinstance(m, torch.nn.GroupNorm)]
     assert len(norms) == 20 and all(m.num_groups == 32 for m in norms) and not list(model.buffers())
+
+
+def test_resnet18_has_the_batchnorm_buffers_of_its_20_norms():
+    model = make_model("resnet18", 0)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    channels = 64 + 4 * 64 + (4 * 128 + 128) + (4 * 256 + 256) + (4 * 512 + 512)  # stem, stages, shortcuts
+    assert len(norms) == 20 and sum(m.num_features for m in norms) == channels == 4800
+    assert sum(b.numel() for b in model.buffers()) == 2 * channels + 20  # mean, variance; one counter each
 
 
 def test_a_model_for_other_images_names_those_that_fit():

@@ -139,7 +139,7 @@ def run_parser() -> ArgumentParser:
         "--model",
         metavar="NAME",
         help="the network: for 28x28 grey images cnn (default), cnn_bn (cnn with BatchNorm), mlp or lenet5; for 32x32 colour "
-        "(cifar10) cnn_cifar or resnet18_gn; or package.module:Name (docs/tutorial.md)",
+        "(cifar10) cnn_cifar, resnet18 (BatchNorm) or resnet18_gn; or package.module:Name (docs/tutorial.md)",
     )
     add("--partition", help=f"{', '.join(PARTITIONS)} (default {d.partition})")
     add("--noniid", type=float, metavar="X", help=f"Fang's degree q, or the Dirichlet alpha (default {d.noniid})")

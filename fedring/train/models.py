@@ -187,7 +187,7 @@ class ResNet18GN(nn.Sequential):
     Normalization", ECCV 2018): it has the same affine parameters, so the same d, and no
     running statistics, so the flat parameter vector is the whole model state; Hsieh et al.
     ("The non-IID data quagmire", ICML 2020) recommend it for federated training on non-IID
-    data. ``resnet18`` is kept for the BatchNorm network.
+    data. ``resnet18`` is the BatchNorm network.
     """
 
     name = "resnet18_gn"
@@ -195,6 +195,23 @@ class ResNet18GN(nn.Sequential):
 
     def __init__(self):
         super().__init__(*resnet18_layers(lambda c: nn.GroupNorm(32, c)))
+
+
+@MODELS.register
+class ResNet18(nn.Sequential):
+    """ResNet-18 in its CIFAR variant with BatchNorm, as the FedSECA and H+ papers and ByzFL
+    train it: d = 11,173,962 parameters and 9,620 buffer entries (the running mean and variance
+    of the 4,800 channels of its 20 BatchNorm layers, and their 20 batch counters).
+
+    The running statistics are not parameters: ``bn_stats`` decides whether they are averaged
+    over the clients after every round or kept per client (``docs/training.md``).
+    """
+
+    name = "resnet18"
+    input_shape = (3, 32, 32)
+
+    def __init__(self):
+        super().__init__(*resnet18_layers(nn.BatchNorm2d))
 
 
 def make_model(name: str, seed: int, image_shape: tuple[int, ...] | None = None) -> nn.Module:
