@@ -62,6 +62,7 @@ class Config:
     seed: int = 0
     eval_every: int = 50
     threads: int = 1
+    device: str = "cpu"
     checkpoint_every: int = 10
     stop_grace: float = 30.0
     out: str | None = None
