@@ -3,6 +3,8 @@ against the CPU one where a GPU is visible."""
 
 from __future__ import annotations
 
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -64,3 +66,32 @@ def test_staging_moves_parameters_and_gradients_exactly():
     stage.grad_into(gpu, got)
     assert np.array_equal(got, np.float32(0.5) * w)
     assert not np.shares_memory(got, w)
+
+
+def test_bench_train_times_the_same_steps_as_the_bare_loop(fedring_cli, tmp_path):
+    """Both loops end at the same model (float32 sums of 3 gradients in another order: a few ulps of
+    weights below 1 per round, so 1e-6 after 3 rounds), and the printed ratio is the timed one."""
+    out = tmp_path / "bench.json"
+    args = ["--clients", "3", "--rounds", "2", "--dataset", "synthetic", "--json", out]
+    result = fedring_cli("bench", "train", *args)
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["max_weight_difference"] < 1e-6
+    seconds = record["seconds_per_round"]
+    assert record["ratio"] == seconds["fedring"] / seconds["bare-loop"]
+    assert result.stdout.splitlines()[-1] == f"ratio fedring/bare-loop: {record['ratio']:.2f}"
+    assert record["client_steps_per_second"]["fedring"] == 3 / seconds["fedring"]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--device", "gpu", "device: 'gpu' is not allowed; did you mean 'cpu'? allowed: cpu, cuda, auto"),
+        ("--rounds", "0", "--rounds: must be >= 1, got 0"),
+        ("--model", "resnet", "model: "),
+    ],
+)
+def test_bench_train_refuses_bad_options(fedring_cli, option, value, message):
+    result = fedring_cli("bench", "train", "--dataset", "synthetic", option, value)
+    assert result.returncode == 2 and result.stderr.startswith(f"fedring: error: {message}")
+    assert result.stderr.count("\n") == 1
