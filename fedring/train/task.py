@@ -138,6 +138,13 @@ class TrainTask(Task):
             from .device import check_visible
 
             check_visible(cfg.device)
+        if cfg.batched_clients is not None:
+            check.integer("batched_clients", cfg.batched_clients, lo=1)
+            if cfg.local_epochs is not None:
+                raise ConfigError(
+                    "batched_clients",
+                    "local_epochs' last batch of a pass is shorter: use local_steps, or the per-client loop",
+                )
         if cfg.model == "cnn":  # the default model: the one that fits the data set's images
             cfg.model = DATASETS[cfg.dataset].model
         check.fills_ranks("clients", cfg.clients, world_size)

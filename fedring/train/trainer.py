@@ -23,6 +23,7 @@ from fedring.config import Config, byzantine_count, defence_f
 from fedring.datasets import DATASETS
 from fedring.rng import Stream, generator
 
+from .batched import BatchedClients
 from .data import FederatedData, Shard
 from .device import Staging, describe, select
 from .models import flatten, make_model
@@ -136,6 +137,7 @@ class Trainer:
         self.server_state = self.server_opt.init(self.d)  # the same on every replica: it sees the same updates
         self.rows_comm = comm.Dup()  # checkpoint rows, apart from the protocol's messages
         self.buffers = ModelBuffers(self.model, cfg.bn_stats, self.layout)
+        self.batched = None if cfg.batched_clients is None else BatchedClients(self, cfg.batched_clients)
 
     def checkpoint_arrays(self) -> dict:
         """Collective: what a resumed run needs besides the round, on rank 0: the model, the
