@@ -72,7 +72,7 @@ def test_bench_train_times_the_same_steps_as_the_bare_loop(fedring_cli, tmp_path
     """Both loops end at the same model (float32 sums of 3 gradients in another order: a few ulps of
     weights below 1 per round, so 1e-6 after 3 rounds), and the printed ratio is the timed one."""
     out = tmp_path / "bench.json"
-    args = ["--clients", "3", "--rounds", "2", "--dataset", "synthetic", "--json", out]
+    args = ["--clients", "3", "--rounds", "2", "--dataset", "synthetic", "--batched-clients", "2", "--json", out]
     result = fedring_cli("bench", "train", *args)
     assert result.returncode == 0, result.stderr
     record = json.loads(out.read_text())
@@ -81,6 +81,8 @@ def test_bench_train_times_the_same_steps_as_the_bare_loop(fedring_cli, tmp_path
     assert record["ratio"] == seconds["fedring"] / seconds["bare-loop"]
     assert result.stdout.splitlines()[-1] == f"ratio fedring/bare-loop: {record['ratio']:.2f}"
     assert record["client_steps_per_second"]["fedring"] == 3 / seconds["fedring"]
+    assert record["speedup_batched"] == seconds["fedring"] / seconds["fedring-batched"]
+    assert f"over the per-client loop: {record['speedup_batched']:.2f}" in result.stdout
 
 
 @pytest.mark.parametrize(

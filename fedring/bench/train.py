@@ -11,7 +11,9 @@ per client ``zero_grad``, forward, backward, add; then ``p -= lr * sum / K`` (wi
 in turn, :func:`fedring.bench.comm._time`), so a change of the machine's load hits both alike;
 the figures are medians over the rounds, after one untimed round of each.
 
-Prints rounds per second and client steps per second of each, ``ratio fedring/bare-loop: X.XX``
+With ``--batched-clients B``, a second fedring run with ``batched_clients = B``
+(:mod:`fedring.train.batched`) is interleaved too, and its speed-up over the per-client loop
+printed. Prints rounds per second and client steps per second of each, ``ratio fedring/bare-loop: X.XX``
 (time per round), the largest difference between the two final models (the same arithmetic up
 to the order of the sum), and the load average around the run.
 """
@@ -19,8 +21,10 @@ to the order of the sum), and the load average around the run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -81,6 +85,18 @@ class BareLoop:
         return flatten(self.model.cpu())
 
 
+def timed_round(fn: Callable[[int], object], device: torch.device) -> Callable[[], None]:
+    """``fn``'s next round, numbered from 0; on a GPU it ends when the round's kernels have run."""
+    clock = iter(range(2**62))
+
+    def run() -> None:
+        fn(next(clock))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    return run
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m fedring bench train")
     p.add_argument("--clients", type=int, default=20, help="clients over all ranks (default 20)")
@@ -90,6 +106,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument(
+        "--batched-clients", type=int, metavar="B", help="also time fedring with batched_clients = B (its speed-up)"
+    )
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
@@ -108,30 +127,15 @@ def main(argv: list[str]) -> int:
     load_before = os.getloadavg()
     tr = Trainer(cfg, comm)
     bare = BareLoop(tr, cfg.rounds)
-    clock = {"fedring": 0, "bare-loop": 0}
-
-    def fedring_round() -> None:
-        train_round(tr, clock["fedring"])
-        clock["fedring"] += 1
-
-    def bare_round() -> None:
-        bare.round(clock["bare-loop"])
-        clock["bare-loop"] += 1
-
-    def synced(fn):  # a GPU round ends when its kernels have run
-        if tr.device.type != "cuda":
-            return fn
-        return lambda: (fn(), torch.cuda.synchronize(tr.device))
-
-    fedring_round()  # untimed: first calls allocate and warm the caches
-    bare_round()
-    impls = {
-        "fedring": (lambda: None, synced(fedring_round), lambda: 0),
-        "bare-loop": (lambda: None, synced(bare_round), lambda: 0),
-    }
+    loops: dict[str, Callable[[int], object]] = {"fedring": lambda t: train_round(tr, t), "bare-loop": bare.round}
+    if args.batched_clients is not None:
+        batched = Trainer(dataclasses.replace(cfg, batched_clients=args.batched_clients), comm)
+        loops["fedring-batched"] = lambda t: train_round(batched, t)
+    impls = {name: (lambda: None, timed_round(fn, tr.device), lambda: 0) for name, fn in loops.items()}
+    for _, run, _ in impls.values():
+        run()  # untimed: first calls allocate and warm the caches
     seconds = {name: s for name, (s, _, _) in _time(impls, args.rounds, comm).items()}
-    gap = float(np.max(np.abs(tr.w - bare.weights())))
-    gap = comm.allreduce(gap, op=MPI.MAX)
+    gap = comm.allreduce(float(np.max(np.abs(tr.w - bare.weights()))), op=MPI.MAX)
     if comm.rank != 0:
         return 0
     ratio = seconds["fedring"] / seconds["bare-loop"]
@@ -156,11 +160,17 @@ def main(argv: list[str]) -> int:
         f"bench train: {cfg.clients} clients of {cfg.model} ({cfg.dataset}, batch {cfg.batch_size}) on {comm.size} "
         f"rank{'s' if comm.size > 1 else ''}, device {tr.device}, {cfg.threads} thread(s), {args.rounds} rounds each"
     )
-    print(f"{'loop':<11}{'s/round':>10}{'rounds/s':>10}{'steps/s':>10}")
+    print(f"{'loop':<16}{'s/round':>10}{'rounds/s':>10}{'steps/s':>10}")
     for name, s in seconds.items():
-        print(f"{name:<11}{s:>10.4f}{1 / s:>10.2f}{cfg.clients / s:>10.1f}")
+        print(f"{name:<16}{s:>10.4f}{1 / s:>10.2f}{cfg.clients / s:>10.1f}")
     print(f"final models differ by at most {gap:.2e} (the same steps; sums in another order)")
     print(f"load average (1 min): {load_before[0]:.2f} before, {record['load_average_after']:.2f} after")
+    if "fedring-batched" in seconds:
+        record["batched_clients"] = args.batched_clients
+        record["speedup_batched"] = seconds["fedring"] / seconds["fedring-batched"]
+        print(
+            f"speed-up batched ({args.batched_clients} clients a call) over the per-client loop: {record['speedup_batched']:.2f}"
+        )
     print(f"ratio fedring/bare-loop: {ratio:.2f}")
     if args.json:
         with open(args.json, "w") as f:
