@@ -90,7 +90,7 @@ class Staging:
     def tensor(self, array: np.ndarray) -> torch.Tensor:
         """A batch (or any host array) as a tensor on the device."""
         t = torch.from_numpy(array)
-        return t if self.on_host else t.to(self.device, non_blocking=False)
+        return t if self.on_host else t.to(self.device)
 
     def load(self, model: nn.Module, vec: np.ndarray) -> None:
         """The parameters from ``vec`` (float32, length d)."""
@@ -98,7 +98,7 @@ class Staging:
             load_flat(model, vec)
             return
         self.host.numpy()[:] = vec
-        self.flat.copy_(self.host, non_blocking=True)
+        self.flat.copy_(self.host)  # synchronous: the next load may overwrite the host buffer at once
         with torch.no_grad():  # copies: the parameters must not alias the staging vector
             k = 0
             for p in model.parameters():
