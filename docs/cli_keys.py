@@ -45,7 +45,7 @@ NO_OPTION_MEANING = {
     "threads": "torch CPU threads per rank (training only; a run is bit-identical only with the same value)",
     "device": "`cpu`, `cuda` (each rank on the GPU of its node-local rank modulo the visible GPUs; refused where none "
     "is visible) or `auto` (`cuda` where a GPU is visible); training only; docs/slurm.md#gpus",
-    "batched_clients": "B: compute B clients' local steps in one `vmap` call (chunks of client ids; the same file on "
+    "batched_clients": "B in [1, clients]: compute B clients' local steps in one `vmap` call (chunks of client ids; the same file on "
     "any number of ranks for a given device and B; equal to the per-client loop up to float rounding); unset: one "
     "client at a time. Refused with BatchNorm or dropout models, `local_epochs`, shards smaller than `batch_size`; "
     "docs/training.md",

@@ -69,12 +69,13 @@ def test_the_same_file_on_any_number_of_ranks(tmp_path):
     [
         (["model=cnn_bn"], "batched_clients: model cnn_bn has buffers (BatchNorm statistics), which vmap cannot"),
         (["local_epochs=1"], "batched_clients: local_epochs' last batch of a pass is shorter"),
-        (["batched_clients=0"], "batched_clients: must be >= 1, got 0"),
+        (["batched_clients=0"], "batched_clients: must be in [1, 4], got 0"),
+        (["batched_clients=5"], "batched_clients: must be in [1, 4], got 5"),
         (["clients=200"], "batched_clients: a client has fewer than batch_size (32) training samples"),
     ],
 )
 def test_what_the_batched_path_cannot_do_is_refused(fedring_cli, tmp_path, settings, message):
-    sets = [a for s in ["batched_clients=2", *settings] for a in ("--set", s)]
+    sets = [a for s in ["clients=4", "batched_clients=2", *settings] for a in ("--set", s)]
     result = fedring_cli("run", "--dataset", "synthetic", *sets, "--out", tmp_path / "run.h5")
     assert result.returncode == 2 and result.stderr.startswith(f"fedring: error: {message}"), result.stderr
     assert result.stderr.count("\n") == 1 and not (tmp_path / "run.h5").exists()

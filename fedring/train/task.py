@@ -139,7 +139,7 @@ class TrainTask(Task):
 
             check_visible(cfg.device)
         if cfg.batched_clients is not None:
-            check.integer("batched_clients", cfg.batched_clients, lo=1)
+            check.integer("batched_clients", cfg.batched_clients, lo=1, hi=cfg.clients)
             if cfg.local_epochs is not None:
                 raise ConfigError(
                     "batched_clients",
