@@ -43,6 +43,12 @@ NO_OPTION_MEANING = {
     "stop_grace": "seconds a stop signal waits for the current round or trial to end before the job "
     "is aborted (file marked `preempted`)",
     "threads": "torch CPU threads per rank (training only; a run is bit-identical only with the same value)",
+    "device": "`cpu`, `cuda` (each rank on the GPU of its node-local rank modulo the visible GPUs; refused where none "
+    "is visible) or `auto` (`cuda` where a GPU is visible); training only; docs/slurm.md#gpus",
+    "batched_clients": "B in [1, clients]: compute B clients' local steps in one `vmap` call (chunks of client ids; the same file on "
+    "any number of ranks for a given device and B; equal to the per-client loop up to float rounding); unset: one "
+    "client at a time. Refused with BatchNorm or dropout models, `local_epochs`, shards smaller than `batch_size`; "
+    "docs/training.md",
     "byzantine_select": "which clients are Byzantine: `random` (drawn from the seed) or `first` (ids 0 .. b-1)",
     "server_samples": "training samples drawn once for the server's clean gradient (`fltrust`, `zenopp`, "
     '`hplus` with `mode = "clean"`)',

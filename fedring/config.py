@@ -62,6 +62,8 @@ class Config:
     seed: int = 0
     eval_every: int = 50
     threads: int = 1
+    device: str = "cpu"
+    batched_clients: int | None = None  # clients per vmap call; unset: one client at a time
     checkpoint_every: int = 10
     stop_grace: float = 30.0
     out: str | None = None

@@ -16,7 +16,7 @@ from .launcher import launched_ranks
 USAGE = """usage: python -m fedring [--overwrite] [--quiet]  the headline job: ring-all-reduce and BRACE under attack (docs/brace.md)
        python -m fedring [run] [options]        one run of any task; training by default (python -m fedring run --help)
        python -m fedring conformal prism|labelshift [options]   federated conformal prediction (... --help)
-       python -m fedring bench comm|aggregators|prism|network [options] benchmarks that print measured ratios (... --help)
+       python -m fedring bench comm|aggregators|prism|network|train [options] benchmarks that print measured ratios (... --help)
        python -m fedring sweep GRID.toml [--dry-run|--submit|--local] [options]   grids of runs, on SLURM or here
 
 docs/cli.md lists every command and setting."""
@@ -30,6 +30,7 @@ SUBCOMMANDS = {
         "every server rule on a large vector, vs the FedSECA paper's timings",
     ),
     ("bench", "prism"): ("fedring.bench.prism", "main", "PRISM-FCP over MPI vs one process"),
+    ("bench", "train"): ("fedring.bench.train", "main", "fedring's training round vs a bare PyTorch loop"),
     ("bench", "network"): (
         "fedring.bench.network",
         "main",

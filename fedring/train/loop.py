@@ -43,8 +43,11 @@ def train_round(tr: Trainer, t: int) -> RoundResult:
     """Round ``t``: clients compute updates, Byzantine ones attack, the topology aggregates, all apply."""
     tr.net.ledger.reset()
     batch_loss = np.zeros(tr.cfg.n_clients)
-    for k, client in enumerate(tr.layout.local_clients):
-        batch_loss[client] = tr.client_gradient(k, t, tr.grads[k])
+    if tr.batched is not None:  # batched_clients: B clients per call (fedring.train.batched)
+        tr.batched.round(t, batch_loss)
+    else:
+        for k, client in enumerate(tr.layout.local_clients):
+            batch_loss[client] = tr.client_gradient(k, t, tr.grads[k])
     reference = tr.reference_gradient()  # the server's clean-data gradient, for the rules that need one
     tr.adversary.attack_model(tr.grads, t, reference)
     nonfinite = np.zeros(tr.cfg.n_clients, np.uint8)

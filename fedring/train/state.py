@@ -133,7 +133,7 @@ class ModelBuffers:
     def read(self) -> np.ndarray:
         if not self.tensors:
             return np.zeros(0)
-        return np.concatenate([b.detach().numpy().astype(np.float64).reshape(-1) for b in self.tensors])
+        return np.concatenate([b.detach().cpu().numpy().astype(np.float64).reshape(-1) for b in self.tensors])
 
     def write(self, vec: np.ndarray) -> None:
         k = 0

@@ -14,6 +14,7 @@ from fedring.tasks import TASKS, Task
 
 TOPOLOGIES = ("ring", "server")
 PARTITIONS = ("iid", "fang", "dirichlet", "shards")
+DEVICES = ("cpu", "cuda", "auto")  # fedring.train.device
 #: more torch threads per rank than any machine has cores is a typo
 MAX_THREADS = 1024
 
@@ -132,6 +133,18 @@ class TrainTask(Task):
                 "every client needs at least one",
             )
         check.integer("threads", cfg.threads, lo=1, hi=MAX_THREADS)
+        check.choice("device", cfg.device, DEVICES)
+        if cfg.device == "cuda":  # no GPU: one message on every rank, before any work (imports torch)
+            from .device import check_visible
+
+            check_visible(cfg.device)
+        if cfg.batched_clients is not None:
+            check.integer("batched_clients", cfg.batched_clients, lo=1, hi=cfg.clients)
+            if cfg.local_epochs is not None:
+                raise ConfigError(
+                    "batched_clients",
+                    "local_epochs' last batch of a pass is shorter: use local_steps, or the per-client loop",
+                )
         if cfg.model == "cnn":  # the default model: the one that fits the data set's images
             cfg.model = DATASETS[cfg.dataset].model
         check.fills_ranks("clients", cfg.clients, world_size)
@@ -196,7 +209,7 @@ class TrainTask(Task):
             f"fedring: train: {cfg.topology} topology, {rule}; {cfg.clients} clients on {world_size} rank"
             f"{'s' if world_size > 1 else ''}{attack}; {cfg.dataset}, {cfg.rounds} rounds, lr {cfg.lr:g}{schedule}, "
             f"seed {cfg.seed} -> {cfg.out}"
-        )
+        ) + (f"\n{self.device_line}" if getattr(self, "device_line", "") else "")
 
     def prepare(self, comm):
         from fedring.job import Driver
@@ -204,4 +217,6 @@ class TrainTask(Task):
         from .loop import TrainJob  # torch is imported only now
         from .trainer import Trainer
 
-        return Driver(TrainJob(Trainer(self.cfg, comm)), self.cfg, comm)
+        trainer = Trainer(self.cfg, comm)
+        self.device_line = trainer.device_line
+        return Driver(TrainJob(trainer), self.cfg, comm)

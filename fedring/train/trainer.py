@@ -23,8 +23,10 @@ from fedring.config import Config, byzantine_count, defence_f
 from fedring.datasets import DATASETS
 from fedring.rng import Stream, generator
 
+from .batched import BatchedClients
 from .data import FederatedData, Shard
-from .models import flat_grad_into, flatten, load_flat, make_model
+from .device import Staging, describe, select
+from .models import flatten, make_model
 from .optim import ClientOptimizer, make_server_optimizer
 from .schedules import make_schedule
 from .state import ModelBuffers, checkpoint_rows, rows_from_file
@@ -108,6 +110,10 @@ class Trainer:
         self.net = Network(self.layout)
         self.model = make_model(cfg.model, cfg.seed, DATASETS[cfg.dataset].shape)
         self.w = flatten(self.model)
+        self.device = select(cfg.device, comm)
+        self.device_line = describe(comm, self.device) if cfg.device != "cpu" else ""
+        self.model.to(self.device)
+        self.stage = Staging(self.device, self.w.size)
         self.w0 = self.w.copy()  # the drift diagnostic measures w_t - w_0
         self.d = self.w.size
         self.schedule = make_schedule(cfg.lr_schedule, cfg.section(cfg.lr_schedule))
@@ -133,6 +139,7 @@ class Trainer:
         self.server_state = self.server_opt.init(self.d)  # the same on every replica: it sees the same updates
         self.rows_comm = comm.Dup()  # checkpoint rows, apart from the protocol's messages
         self.buffers = ModelBuffers(self.model, cfg.bn_stats, self.layout)
+        self.batched = None if cfg.batched_clients is None else BatchedClients(self, cfg.batched_clients)
 
     def checkpoint_arrays(self) -> dict:
         """Collective: what a resumed run needs besides the round, on rank 0: the model, the
@@ -157,7 +164,7 @@ class Trainer:
             return {k[len(prefix) :]: np.array(v) for k, v in arrays.items() if k.startswith(prefix)}
 
         self.w[:] = arrays["w"]
-        load_flat(self.model, self.w)
+        self.stage.load(self.model, self.w)
         self.topology.state.update(prefixed("state_"))
         self.server_state.update(prefixed("optim_"))
         for name, local in self.client_state.items():
@@ -194,7 +201,7 @@ class Trainer:
 
     def _backward(self, x: np.ndarray, y: np.ndarray) -> float:
         self.model.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(self.model(torch.from_numpy(x)), torch.from_numpy(y))
+        loss = F.cross_entropy(self.model(self.stage.tensor(x)), self.stage.tensor(y))
         loss.backward()
         return loss.item()
 
@@ -223,15 +230,15 @@ class Trainer:
             loss = self._backward(x, y)
             if step == 0:
                 first_loss = loss
-            flat_grad_into(self.model, out)
+            self.stage.grad_into(self.model, out)
             self.client_opt.gradient(out, w_local)
             if steps > 1:
                 w_local -= lr * out
-                load_flat(self.model, w_local)
+                self.stage.load(self.model, w_local)
         self.buffers.keep(k)
         if steps > 1:
             out[:] = (self.w - w_local) / lr
-            load_flat(self.model, self.w)
+            self.stage.load(self.model, self.w)
         self.client_opt.direction(self.client_state, k, out)
         if data_attack is not None and data_attack.scale != 1:
             out *= np.float32(data_attack.scale)
@@ -245,7 +252,7 @@ class Trainer:
         assert server is not None, "rank 0 loads the server's set when the rule needs a reference"
         self._backward(server.x, server.y)
         out = np.empty(self.d, np.float32)
-        flat_grad_into(self.model, out)
+        self.stage.grad_into(self.model, out)
         return out
 
     def apply(self, update: np.ndarray, t: int) -> None:
@@ -254,7 +261,7 @@ class Trainer:
         eta = self.server_opt.eta(self.cfg.lr, self.schedule.factor(t, self.cfg.rounds))
         step, self.server_state = self.server_opt.update(self.server_state, update, eta)
         self.w -= step
-        load_flat(self.model, self.w)
+        self.stage.load(self.model, self.w)
         self.buffers.aggregate()
 
     def weight_mean_change(self) -> float:
@@ -282,13 +289,13 @@ class Trainer:
                 part = part_of(k)
                 self.buffers.use(k)
                 for a in range(0, len(part.y), EVAL_BATCH):
-                    x, y = torch.from_numpy(part.x[a : a + EVAL_BATCH]), torch.from_numpy(part.y[a : a + EVAL_BATCH])
+                    x, y = self.stage.tensor(part.x[a : a + EVAL_BATCH]), self.stage.tensor(part.y[a : a + EVAL_BATCH])
                     logits = self.model(x)
                     stats[0, client] += F.cross_entropy(logits, y, reduction="sum").item()
                     stats[1, client] += (logits.argmax(1) == y).sum().item()
                     if backdoor is not None:
                         keep = part.y[a : a + EVAL_BATCH] != backdoor.target
-                        triggered = torch.from_numpy(backdoor.stamp(part.x[a : a + EVAL_BATCH][keep]))
+                        triggered = self.stage.tensor(backdoor.stamp(part.x[a : a + EVAL_BATCH][keep]))
                         if len(triggered):
                             stats[3, client] += (self.model(triggered).argmax(1) == backdoor.target).sum().item()
                         stats[4, client] += keep.sum()

@@ -1,0 +1,178 @@
+"""``python -m fedring bench train``: fedring's training round against a bare PyTorch loop.
+
+Both do the same client steps in the same run, on the same device, from the same initial model
+and on the same mini-batches (drawn from the run's seed as fedring draws them): one SGD step per
+client (FedSGD), then every replica moves by ``lr`` times the clients' mean gradient. fedring's
+round is :func:`fedring.train.loop.train_round` with the ring's ``mean`` (sampling the batches,
+flattening each gradient into the upload, the ring all-reduce, the server optimizer); evaluation
+is off. The bare loop gets its batches ready on the device and sums the gradients in place:
+per client ``zero_grad``, forward, backward, add; then ``p -= lr * sum / K`` (with an MPI
+``Allreduce`` of the flat sum when there are several ranks). Rounds are interleaved (one of each
+in turn, :func:`fedring.bench.comm._time`), so a change of the machine's load hits both alike;
+the figures are medians over the rounds, after one untimed round of each.
+
+With ``--batched-clients B``, a second fedring run with ``batched_clients = B``
+(:mod:`fedring.train.batched`) is interleaved too, and its speed-up over the per-client loop
+printed. Prints rounds per second and client steps per second of each, ``ratio fedring/bare-loop: X.XX``
+(time per round), the largest difference between the two final models (the same arithmetic up
+to the order of the sum), and the load average around the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from mpi4py import MPI
+
+from fedring.config import Config
+from fedring.datasets import DATASETS
+from fedring.rng import Stream, generator
+from fedring.train.loop import train_round
+from fedring.train.models import flatten, make_model
+from fedring.train.task import TrainTask
+from fedring.train.trainer import Trainer
+from fedring.validate import integer
+
+from .comm import _time
+
+
+class BareLoop:
+    """The same FedSGD rounds as fedring's, written as a plain PyTorch loop over this rank's clients."""
+
+    def __init__(self, tr: Trainer, rounds: int):
+        cfg = tr.cfg
+        self.model = make_model(cfg.model, cfg.seed, DATASETS[cfg.dataset].shape)
+        self.model.to(tr.device)
+        self.params: list[torch.Tensor] = list(self.model.parameters())
+        self.sums = [torch.zeros_like(p) for p in self.params]
+        self.lr, self.clients, self.comm = cfg.lr, tr.layout.n_clients, tr.comm
+        self.batches = [
+            [
+                [
+                    (tr.stage.tensor(x), tr.stage.tensor(y))
+                    for x, y in tr.local_batches(
+                        tr.data.shards[k], generator(cfg.seed, Stream.BATCH, client=client, step=t)
+                    )
+                ]
+                for k, client in enumerate(tr.layout.local_clients)
+            ]
+            for t in range(rounds)
+        ]
+
+    def round(self, t: int) -> None:
+        for s in self.sums:
+            s.zero_()
+        for client in self.batches[t]:
+            for x, y in client:
+                self.model.zero_grad(set_to_none=False)
+                F.cross_entropy(self.model(x), y).backward()
+                torch._foreach_add_(self.sums, [p.grad for p in self.params if p.grad is not None])
+        if self.comm.size > 1:
+            flat = torch.nn.utils.parameters_to_vector(self.sums).cpu().numpy()
+            self.comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+            torch.nn.utils.vector_to_parameters(torch.from_numpy(flat).to(self.sums[0].device), self.sums)
+        with torch.no_grad():
+            torch._foreach_add_(self.params, self.sums, alpha=-self.lr / self.clients)
+
+    def weights(self) -> np.ndarray:
+        return flatten(self.model.cpu())
+
+
+def timed_round(fn: Callable[[int], object], device: torch.device) -> Callable[[], None]:
+    """``fn``'s next round, numbered from 0; on a GPU it ends when the round's kernels have run."""
+    clock = iter(range(2**62))
+
+    def run() -> None:
+        fn(next(clock))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    return run
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m fedring bench train")
+    p.add_argument("--clients", type=int, default=20, help="clients over all ranks (default 20)")
+    p.add_argument("--rounds", type=int, default=30, help="timed rounds of each loop (default 30)")
+    p.add_argument("--model", default="cnn", help="a model name (default: the data set's CNN)")
+    p.add_argument("--dataset", default="fashion-mnist")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument(
+        "--batched-clients", type=int, metavar="B", help="also time fedring with batched_clients = B (its speed-up)"
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    args = p.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    integer("--rounds", args.rounds, lo=1)
+    cfg = Config(
+        clients=args.clients,
+        rounds=args.rounds + 1,
+        model=args.model,
+        dataset=args.dataset,
+        device=args.device,
+        threads=args.threads,
+        batch_size=args.batch_size,
+        quiet=True,
+    )
+    TrainTask(cfg, comm.size)  # validates and fills the defaults, as a run does
+    load_before = os.getloadavg()
+    tr = Trainer(cfg, comm)
+    bare = BareLoop(tr, cfg.rounds)
+    loops: dict[str, Callable[[int], object]] = {"fedring": lambda t: train_round(tr, t), "bare-loop": bare.round}
+    if args.batched_clients is not None:
+        batched = Trainer(dataclasses.replace(cfg, batched_clients=args.batched_clients), comm)
+        loops["fedring-batched"] = lambda t: train_round(batched, t)
+    impls = {name: (lambda: None, timed_round(fn, tr.device), lambda: 0) for name, fn in loops.items()}
+    for _, run, _ in impls.values():
+        run()  # untimed: first calls allocate and warm the caches
+    seconds = {name: s for name, (s, _, _) in _time(impls, args.rounds, comm).items()}
+    gap = comm.allreduce(float(np.max(np.abs(tr.w - bare.weights()))), op=MPI.MAX)
+    if comm.rank != 0:
+        return 0
+    ratio = seconds["fedring"] / seconds["bare-loop"]
+    record = {
+        "clients": cfg.clients,
+        "ranks": comm.size,
+        "model": cfg.model,
+        "dataset": cfg.dataset,
+        "device": str(tr.device),
+        "threads": cfg.threads,
+        "batch_size": cfg.batch_size,
+        "rounds": args.rounds,
+        "seconds_per_round": seconds,
+        "rounds_per_second": {k: 1 / s for k, s in seconds.items()},
+        "client_steps_per_second": {k: cfg.clients / s for k, s in seconds.items()},
+        "ratio": ratio,
+        "max_weight_difference": gap,
+        "load_average_before": load_before[0],
+        "load_average_after": os.getloadavg()[0],
+    }
+    print(
+        f"bench train: {cfg.clients} clients of {cfg.model} ({cfg.dataset}, batch {cfg.batch_size}) on {comm.size} "
+        f"rank{'s' if comm.size > 1 else ''}, device {tr.device}, {cfg.threads} thread(s), {args.rounds} rounds each"
+    )
+    print(f"{'loop':<16}{'s/round':>10}{'rounds/s':>10}{'steps/s':>10}")
+    for name, s in seconds.items():
+        print(f"{name:<16}{s:>10.4f}{1 / s:>10.2f}{cfg.clients / s:>10.1f}")
+    print(f"final models differ by at most {gap:.2e} (the same steps; sums in another order)")
+    print(f"load average (1 min): {load_before[0]:.2f} before, {record['load_average_after']:.2f} after")
+    if "fedring-batched" in seconds:
+        record["batched_clients"] = args.batched_clients
+        record["speedup_batched"] = seconds["fedring"] / seconds["fedring-batched"]
+        print(
+            f"speed-up batched ({args.batched_clients} clients a call) over the per-client loop: {record['speedup_batched']:.2f}"
+        )
+    print(f"ratio fedring/bare-loop: {ratio:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+    return 0
