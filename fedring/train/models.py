@@ -13,6 +13,15 @@ from fedring.registry import Registry
 MODELS = Registry("model", bases=(nn.Module,), requires=("input_shape",))
 
 
+def fashion_cnn_layers(norm) -> list[nn.Module]:
+    """FashionCNN's layers, with ``norm(channels)`` after each convolution unless ``norm`` is None."""
+
+    def conv(c_in: int, c_out: int) -> list[nn.Module]:
+        return [nn.Conv2d(c_in, c_out, 3), *([] if norm is None else [norm(c_out)]), nn.ReLU(), nn.MaxPool2d(2)]
+
+    return [*conv(1, 30), *conv(30, 50), nn.Flatten(), nn.Linear(1250, 100), nn.ReLU(), nn.Linear(100, 10)]
+
+
 @MODELS.register
 class FashionCNN(nn.Sequential):
     """The BRACE paper's Fashion-MNIST CNN (its §5.1): d = 139,960 parameters.
@@ -27,18 +36,7 @@ class FashionCNN(nn.Sequential):
     input_shape = (1, 28, 28)
 
     def __init__(self):
-        super().__init__(
-            nn.Conv2d(1, 30, 3),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(30, 50, 3),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-            nn.Linear(1250, 100),
-            nn.ReLU(),
-            nn.Linear(100, 10),
-        )
+        super().__init__(*fashion_cnn_layers(norm=None))
 
 
 @MODELS.register
@@ -51,20 +49,7 @@ class FashionCNNBatchNorm(nn.Sequential):
     input_shape = (1, 28, 28)
 
     def __init__(self):
-        super().__init__(
-            nn.Conv2d(1, 30, 3),
-            nn.BatchNorm2d(30),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(30, 50, 3),
-            nn.BatchNorm2d(50),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-            nn.Linear(1250, 100),
-            nn.ReLU(),
-            nn.Linear(100, 10),
-        )
+        super().__init__(*fashion_cnn_layers(norm=nn.BatchNorm2d))
 
 
 @MODELS.register
