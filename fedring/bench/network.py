@@ -30,10 +30,11 @@ rounds of :func:`fedring.train.loop.train_round` each, evaluation off. Each roun
 is split in two: communication, the time inside the :class:`fedring.comm.Network`'s exchanges
 (its ``timer``: messages, waits for peers, and the arithmetic a ring step does while its
 messages travel), and compute, the rest (the clients' gradient steps, the attack, the server
-rule, applying the update). Each record: ``rule``, ``seconds``, ``compute_seconds``,
-``comm_seconds`` (medians over the rounds after the first, a warm-up; per round, the slowest
-rank's wall time and the ranks' mean split) and ``bytes_per_round`` (the ledger's, clients'
-and server's, every round), plus ``per_round`` with every rank's ``[seconds, comm_seconds]``.
+rule, applying the update). Each record: ``rule``, ``seconds``, ``compute_seconds`` and
+``comm_seconds`` of the median round after the first (a warm-up) by wall time: the slowest
+rank's wall time and the ranks' mean split, so compute + communication <= seconds;
+``bytes_per_round``, the ledger's (clients' and server's) for every round; ``per_round``,
+every rank's ``[seconds, comm_seconds]`` in every round; ``load_average``, the machine's.
 """
 
 from __future__ import annotations
@@ -300,11 +301,12 @@ def train_worker(args: argparse.Namespace) -> int:
             split.append(comm.gather([seconds, tr.net.timer]))
             tr.net.timer = None
             client_bytes, server_bytes = tr.net.gather_ledger()
-            if comm.rank == 0:
+            if client_bytes is not None:  # rank 0
                 sent.append(int(client_bytes.sum()) + server_bytes)
         if comm.rank == 0:
             ranks = np.array(split[1:])  # (rounds - 1, ranks, 2): after the warm-up round
-            comm_s = ranks[:, :, 1].mean(axis=1)
+            wall = ranks[:, :, 0].max(axis=1)
+            median = ranks[np.argsort(wall)[(len(wall) - 1) // 2]]  # the median round (the lower of two)
             records.append(
                 {
                     "rule": rule,
@@ -318,9 +320,9 @@ def train_worker(args: argparse.Namespace) -> int:
                     "ranks_per_node": args.ranks_per_node,
                     "rate_bps": args.rate_bps,
                     "rounds": args.rounds,
-                    "seconds": float(np.median(ranks[:, :, 0].max(axis=1))),
-                    "compute_seconds": float(np.median(ranks[:, :, 0].mean(axis=1) - comm_s)),
-                    "comm_seconds": float(np.median(comm_s)),
+                    "seconds": float(median[:, 0].max()),
+                    "compute_seconds": float((median[:, 0] - median[:, 1]).mean()),
+                    "comm_seconds": float(median[:, 1].mean()),
                     "bytes_per_round": sent,
                     "per_round": split,
                     "wait": tr.net.wait,
@@ -339,7 +341,7 @@ def print_train_record(r: dict, header: bool) -> None:
         print(
             f"# training rounds: {r['nodes']} nodes x {r['ranks_per_node']} ranks, {r['clients']} clients, "
             f"{r['model']} ({r['parameters']} parameters), {r['rate_bps'] / 1e9:g} Gbit/s per link each way; "
-            "medians over the rounds after the first"
+            "the median round after the first"
         )
         print(f"{'rule':<10}{'seconds':>10}{'compute s':>11}{'comm s':>10}{'comm %':>8}{'MB/round':>10}{'load':>7}")
     print(
