@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 
+import h5py
 import numpy as np
 import pytest
-from conftest import run_mpi
+from conftest import fedring_many, run_mpi
 
 from fedring.bench import netem, network
 from fedring.errors import ConfigError
@@ -80,6 +81,9 @@ def test_refuses_without_root(monkeypatch, capsys):
         (["--ops", "ring,nccl"], "ops"),
         (["--repeats", "0"], "repeats"),
         (["--sizes", "30"], "sizes"),
+        (["--train", "--rules", "mean,krum"], "rules"),
+        (["--train", "--rounds", "1"], "rounds"),
+        (["--train", "--nodes", "4", "--clients", "3"], "clients"),
     ],
 )
 def test_bad_options_are_refused_before_any_work(argv, key):
@@ -98,3 +102,29 @@ def test_ledger_links_of_a_ring_over_two_nodes():
     links = network.ledger_links(ledger, ("reduce_scatter", "all_gather"), np.array([0, 0, 1, 1]))
     assert links[0].tolist() == [[20, 40], [40, 20]]  # node 0 sends 1 -> 2, receives 3 -> 0
     assert not links[1].any()
+
+
+def test_training_rounds_split_and_count_bytes_as_a_normal_run(tmp_path):
+    """``--train`` on 2 nodes x 1 rank, 4 clients, 2 rounds: every rank's communication time
+    is within its round's wall time, the records' medians add up within the slowest rank's,
+    and every round's bytes are those the ledger counts in a normal run of the same settings."""
+    reason = namespaces_unavailable()
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "train.json"
+    common = ["--nodes", "2", "--clients", "4", "--rounds", "2", "--rules", "mean,brace,median"]
+    run_mpi(1, ["-m", "fedring", "bench", "network", "--train", *common, "--json", str(out)], timeout=120)
+    records = {r["rule"]: r for r in json.loads(out.read_text())}
+    assert list(records) == ["mean", "brace", "median"]
+    runs = {rule: [*network.train_argv(rule, 4, 2), "--out", str(tmp_path / f"{rule}.h5")] for rule in records}
+    codes, _ = fedring_many(2, runs, tmp_path, timeout=120)
+    assert codes == dict.fromkeys(records, 0)
+    for rule, r in records.items():
+        split = np.array(r["per_round"])  # (rounds, ranks, [seconds, comm_seconds])
+        assert split.shape == (2, 2, 2)
+        assert (split[:, :, 1] > 0).all() and (split[:, :, 1] <= split[:, :, 0]).all(), rule
+        assert 0 < r["comm_seconds"] and 0 < r["compute_seconds"], rule
+        assert r["compute_seconds"] + r["comm_seconds"] <= r["seconds"], rule
+        with h5py.File(tmp_path / f"{rule}.h5", "r") as f:
+            normal = f["comm/bytes_sent"][:].sum(axis=1) + f["comm/server_bytes_sent"][:]
+        assert r["bytes_per_round"] == normal.tolist(), rule

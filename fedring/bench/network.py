@@ -22,6 +22,19 @@ bytes on the phase's busiest link direction, divided by the rate. The ring moves
 ``2 (n - 1) / n * 4 d`` bytes each way over every node's link (``n`` ranks in all), the server
 ``(n - p) 4 d`` into rank 0's node and as many out of it (``p`` ranks per node). ``native`` is
 given the ring's bound (the least any all-reduce needs).
+
+``--train``: fedring's own training rounds instead (:func:`train_worker`): the headline's
+model and data (``python -m fedring``: the ``cnn`` on Fashion-MNIST, 20 % of the clients
+sending Gaussian noise) for the ring's mean, BRACE and the server's median, ``--rounds``
+rounds of :func:`fedring.train.loop.train_round` each, evaluation off. Each round's wall time
+is split in two: communication, the time inside the :class:`fedring.comm.Network`'s exchanges
+(its ``timer``: messages, waits for peers, and the arithmetic a ring step does while its
+messages travel), and compute, the rest (the clients' gradient steps, the attack, the server
+rule, applying the update). Each record: ``rule``, ``seconds``, ``compute_seconds`` and
+``comm_seconds`` of the median round after the first (a warm-up) by wall time: the slowest
+rank's wall time and the ranks' mean split, so compute + communication <= seconds;
+``bytes_per_round``, the ledger's (clients' and server's) for every round; ``per_round``,
+every rank's ``[seconds, comm_seconds]`` in every round; ``load_average``, the machine's.
 """
 
 from __future__ import annotations
@@ -48,6 +61,14 @@ PHASES = {
 }
 
 
+#: ``--train``'s rules: the headline's ring rules (fedring.cli.run.HEADLINE) and a server rule
+TRAIN_RULES = {
+    "mean": ["--aggregator", "mean", "--lr", "0.1"],
+    "brace": ["--aggregator", "brace", "--lr", "0.003"],
+    "median": ["--topology", "server", "--aggregator", "median", "--lr", "0.1"],
+}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m fedring bench network",
@@ -64,6 +85,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", choices=("sleep", "spin"), help="fedring's wait policy (sets FEDRING_WAIT; default: spin)")
     p.add_argument("--timeout", type=float, help="seconds the MPI job may take (default: from the sizes and rate)")
     p.add_argument("--json", metavar="FILE", help="also write the records as a JSON list")
+    p.add_argument("--train", action="store_true", help="time training rounds instead (--rounds, --clients, --rules)")
+    p.add_argument(
+        "--rounds", type=int, default=10, help="with --train: rounds per rule, the first a warm-up (default 10)"
+    )
+    p.add_argument("--clients", type=int, help="with --train: clients (default: one per rank)")
+    p.add_argument(
+        "--rules", default=",".join(TRAIN_RULES), help=f"with --train: which rules (default {','.join(TRAIN_RULES)})"
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -90,6 +119,15 @@ def settings(argv: list[str]) -> argparse.Namespace:
     unknown = [op for op in args.op_list if op not in OPS]
     if unknown or not args.op_list:
         raise ConfigError("ops", f"unknown {', '.join(unknown) or 'empty list'}: choose from {', '.join(OPS)}")
+    args.rule_list = args.rules.split(",")
+    if any(rule not in TRAIN_RULES for rule in args.rule_list):
+        raise ConfigError("rules", f"choose from {', '.join(TRAIN_RULES)}, got {args.rules!r}")
+    if args.rounds < 2:
+        raise ConfigError("rounds", f"must be at least 2 (the first is a warm-up), got {args.rounds}")
+    if args.clients is not None and args.clients < args.nodes * args.ranks_per_node:
+        raise ConfigError(
+            "clients", f"must be at least one per rank ({args.nodes * args.ranks_per_node}), got {args.clients}"
+        )
     if args.json:
         args.json = os.path.abspath(args.json)
         if not os.path.isdir(os.path.dirname(args.json)):
@@ -101,13 +139,15 @@ def expected_seconds(args: argparse.Namespace) -> float:
     """A generous limit for the job: five times every op's bound, plus start-up."""
     n, p = args.nodes * args.ranks_per_node, args.ranks_per_node
     per_element = 4 * 8 / args.rate_bps * (2 * 2 + 4 * 0.5 + 2 * (n - p))  # native+ring, sign rules, server
+    if args.train:
+        return 120 + 30 * args.rounds * len(args.rule_list)
     return 120 + 5 * (args.repeats + 1) * sum(2**e for e in args.log2_sizes) * per_element
 
 
 def main(argv: list[str]) -> int:
     args = settings(argv)
     if args.worker:
-        return worker(args)
+        return train_worker(args) if args.train else worker(args)
     if launched_ranks()[1] > 1:
         raise ConfigError(
             "bench network", "builds its own cluster and starts the MPI job itself: run it without mpiexec"
@@ -213,6 +253,103 @@ def worker(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)
     return 0
+
+
+def train_argv(rule: str, clients: int, rounds: int) -> list[str]:
+    """``python -m fedring run``'s options for ``--train``'s runs of ``rule``: the headline's
+    settings, ``rounds`` rounds, evaluation at the end only (never reached: rounds are run bare)."""
+    from fedring.cli.run import HEADLINE_COMMON
+
+    lam = ["--set", f"brace.lambda={0.05 * clients:g}"] if rule == "brace" else []
+    return [
+        *HEADLINE_COMMON,
+        *TRAIN_RULES[rule],
+        *lam,
+        "--clients",
+        str(clients),
+        "--rounds",
+        str(rounds),
+        "--eval-every",
+        str(rounds),
+        "--quiet",
+    ]
+
+
+def train_worker(args: argparse.Namespace) -> int:
+    """The MPI job on the cluster: ``--rounds`` training rounds of every rule, split into compute
+    and communication, reported and written."""
+    import time
+
+    from mpi4py import MPI
+
+    from fedring.cli.run import build_task
+    from fedring.train.loop import train_round
+    from fedring.train.trainer import Trainer
+
+    comm = MPI.COMM_WORLD
+    clients = args.clients or comm.size
+    records = []
+    for rule in args.rule_list:
+        tr = Trainer(build_task(train_argv(rule, clients, args.rounds), comm.size).cfg, comm)
+        split, sent = [], []
+        for t in range(args.rounds):
+            comm.Barrier()  # every round starts together: its wall time is the round's alone
+            tr.net.timer = 0.0
+            start = time.perf_counter()
+            train_round(tr, t)
+            seconds = time.perf_counter() - start
+            split.append(comm.gather([seconds, tr.net.timer]))
+            tr.net.timer = None
+            client_bytes, server_bytes = tr.net.gather_ledger()
+            if client_bytes is not None:  # rank 0
+                sent.append(int(client_bytes.sum()) + server_bytes)
+        if comm.rank == 0:
+            ranks = np.array(split[1:])  # (rounds - 1, ranks, 2): after the warm-up round
+            wall = ranks[:, :, 0].max(axis=1)
+            median = ranks[np.argsort(wall)[(len(wall) - 1) // 2]]  # the median round (the lower of two)
+            records.append(
+                {
+                    "rule": rule,
+                    "topology": tr.cfg.topology,
+                    "model": tr.cfg.model,
+                    "dataset": tr.cfg.dataset,
+                    "clients": clients,
+                    "byzantine": len(tr.byzantine),
+                    "parameters": tr.d,
+                    "nodes": args.nodes,
+                    "ranks_per_node": args.ranks_per_node,
+                    "rate_bps": args.rate_bps,
+                    "rounds": args.rounds,
+                    "seconds": float(median[:, 0].max()),
+                    "compute_seconds": float((median[:, 0] - median[:, 1]).mean()),
+                    "comm_seconds": float(median[:, 1].mean()),
+                    "bytes_per_round": sent,
+                    "per_round": split,
+                    "wait": tr.net.wait,
+                    "load_average": list(os.getloadavg()),
+                }
+            )
+            print_train_record(records[-1], header=len(records) == 1)
+    if comm.rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+    return 0
+
+
+def print_train_record(r: dict, header: bool) -> None:
+    if header:
+        print(
+            f"# training rounds: {r['nodes']} nodes x {r['ranks_per_node']} ranks, {r['clients']} clients, "
+            f"{r['model']} ({r['parameters']} parameters), {r['rate_bps'] / 1e9:g} Gbit/s per link each way; "
+            "the median round after the first"
+        )
+        print(f"{'rule':<10}{'seconds':>10}{'compute s':>11}{'comm s':>10}{'comm %':>8}{'MB/round':>10}{'load':>7}")
+    print(
+        f"{r['rule']:<10}{r['seconds']:>10.3f}{r['compute_seconds']:>11.3f}{r['comm_seconds']:>10.3f}"
+        f"{100 * r['comm_seconds'] / r['seconds']:>8.1f}{r['bytes_per_round'][-1] / 1e6:>10.2f}"
+        f"{r['load_average'][0]:>7.2f}",
+        flush=True,
+    )
 
 
 def print_record(r: dict, header: bool) -> None:

@@ -10,6 +10,7 @@ This module imports no torch.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections import defaultdict
@@ -156,12 +157,32 @@ class Ledger:
         self.server.clear()
 
 
+def _timed(method):
+    """Add the seconds spent in ``method`` to ``self.timer`` when it is a number (None: untimed)."""
+
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        if self.timer is None:
+            return method(self, *args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.timer += time.perf_counter() - start
+
+    return timed
+
+
 class Network:
     """Moves numpy buffers between logical clients and records them in a :class:`Ledger`.
 
     Uses a private duplicate of the layout's communicator, so fedring's messages can never
     match a user's. ``wait`` and ``segment`` set how it waits for messages and how it cuts ring
     chunks (:func:`wait_policy`, :func:`segment_bytes`); neither changes a result or a byte count.
+
+    ``timer``: None (the default), or seconds to which every exchange (:meth:`ring_step`, the
+    server's gather, broadcast and scatter) adds its wall time, whole: its messages, the waits
+    for peers, its checks, and the arithmetic done while the messages travel (a ring's sums).
     """
 
     def __init__(
@@ -172,6 +193,7 @@ class Network:
         self.wait, self.segment = wait_policy(wait), segment_bytes(segment)
         self.comm = layout.comm.Dup()
         self._scratch = np.empty(0, np.uint8)
+        self.timer: float | None = None
 
     def complete(self, requests: list[MPI.Request]) -> None:
         """Wait for ``requests`` under the wait policy."""
@@ -280,6 +302,7 @@ class Network:
             self._scratch = np.empty(nbytes, np.uint8)
         return self._scratch[:nbytes].view(like.dtype)
 
+    @_timed
     def ring_step(
         self,
         rows: np.ndarray,
@@ -333,6 +356,7 @@ class Network:
             deliver(chunk(j - first, chunk_of(i)), payload)
             self.ledger.add(i, phase, payload.nbytes)
 
+    @_timed
     def gather_to_server(self, local: np.ndarray, phase: str, clients: np.ndarray | None = None) -> np.ndarray | None:
         """Every client, or each client in the sorted ids ``clients``, sends its row to the server
         (rank 0): ``local`` holds this rank's rows of those clients, in client order. Returns
@@ -360,6 +384,7 @@ class Network:
         self.complete(requests)
         return out
 
+    @_timed
     def broadcast_from_server(self, vec: ArrayLike | None, phase: str, shape, dtype) -> np.ndarray:
         """The server (rank 0) sends ``vec`` to every client; returns it on every rank.
 
@@ -381,6 +406,7 @@ class Network:
         self.complete(self._irecv(out, 0))
         return out
 
+    @_timed
     def scatter_from_server(self, rows: np.ndarray | None, clients: np.ndarray, phase: str, shape, dtype) -> np.ndarray:
         """The server sends row ``j`` of ``rows`` to client ``clients[j]`` (sorted ids).
 
