@@ -17,6 +17,43 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = shutil.which("mpiexec")
+#: the one-node test cluster of the workspace beside the repository, where there is one
+SLURM_START = ROOT.parent / "shared" / "tools" / "local-slurm" / "start.sh"
+
+
+def slurm_up() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    proc = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
+    return proc.returncode == 0 and any(s in proc.stdout for s in ("idle", "mixed", "allocated"))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """None when a SLURM cluster takes jobs, else the reason there is none (for a skip).
+
+    The one-node cluster of ``SLURM_START`` is started here (as root) and stopped at the end of
+    the session if this fixture started it; an existing cluster is used only with
+    FEDRING_TEST_SLURM=1. Shared by every test that submits (test_slurm, the tutorial), so a
+    cluster stopped by one of them cannot leave ``sbatch`` on the path without a controller.
+    """
+    started = False
+    if SLURM_START.is_file() and os.geteuid() == 0:
+        started = not slurm_up()
+        proc = subprocess.run(["bash", str(SLURM_START)], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{SLURM_START} failed:\n{proc.stdout}\n{proc.stderr}"
+    elif shutil.which("sbatch") is None:
+        yield f"no sbatch here and no {SLURM_START} to start a local SLURM (or not root)"
+        return
+    elif os.environ.get("FEDRING_TEST_SLURM") != "1":
+        yield "sbatch found but no local test cluster: set FEDRING_TEST_SLURM=1 to submit test jobs to this one"
+        return
+    if not slurm_up():
+        pytest.fail("SLURM does not answer: sinfo shows no usable node")
+    yield None
+    if started:
+        subprocess.run(["bash", str(SLURM_START.with_name("stop.sh"))], capture_output=True, timeout=120)
+
 
 #: processes the tests started themselves, per test file: ``mpiexec`` jobs and other programs (interpreters,
 #: bash, sbatch); not those these start (a local sweep's runs). Outside tests: pytest plugins' own commands.

@@ -7,9 +7,7 @@ Every wait polls squeue with a deadline, so a broken cluster fails a test instea
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -20,37 +18,16 @@ import numpy as np
 import pytest
 from conftest import ROOT, mpi_env
 
-START = ROOT.parent / "shared" / "tools" / "local-slurm" / "start.sh"
-STOP = START.with_name("stop.sh")
 JOBS = ROOT / "jobs"
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]  # SLURM jobs that run fedring under mpiexec
 
 
-def _cluster_up() -> bool:
-    if shutil.which("sinfo") is None:
-        return False
-    proc = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
-    return proc.returncode == 0 and any(s in proc.stdout for s in ("idle", "mixed", "allocated"))
-
-
-@pytest.fixture(scope="module")
-def slurm():
-    """A SLURM cluster to submit to; stops the local one afterwards if this fixture started it."""
-    started = False
-    if START.is_file() and os.geteuid() == 0:
-        started = not _cluster_up()
-        proc = subprocess.run(["bash", str(START)], capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"{START} failed:\n{proc.stdout}\n{proc.stderr}"
-    elif shutil.which("sbatch") is None:
-        pytest.skip(f"no sbatch here and no {START} to start a local SLURM (or not root)")
-    elif os.environ.get("FEDRING_TEST_SLURM") != "1":
-        pytest.skip("sbatch found but no local test cluster: set FEDRING_TEST_SLURM=1 to submit test jobs to this one")
-    if not _cluster_up():
-        pytest.fail("SLURM does not answer: sinfo shows no usable node")
-    yield
-    if started:
-        subprocess.run(["bash", str(STOP)], capture_output=True, timeout=120)
+@pytest.fixture
+def slurm(slurm_cluster):
+    """The session's SLURM cluster (conftest's ``slurm_cluster``), or the test is skipped with the reason."""
+    if slurm_cluster is not None:
+        pytest.skip(slurm_cluster)
 
 
 def job_env() -> dict:
