@@ -29,6 +29,7 @@ from fedring.attacks import (
     make_attack,
 )
 from fedring.attacks.adaptive import brace_margin_flips, line_maximize
+from fedring.attacks.base import std
 from fedring.attacks.fang import fang_krum_lambda
 from fedring.attacks.minmax import min_max_sum_gamma, perturbation
 from fedring.errors import ConfigError
@@ -559,3 +560,12 @@ def test_attack_success_rate_hand_case():
     # target 3: seven samples of other classes, one of them (a 0) predicted 3
     assert attack_success_rate(pred, y_true, 3) == 1 / 7
     assert math.isnan(attack_success_rate(np.array([1, 1]), np.array([0, 0]), 0))
+
+
+@pytest.mark.parametrize("d", [1, 2, 5, 6, 7, 64])
+def test_blocked_std_is_numpy_std_bit_for_bit(d):
+    # blocks of 5 columns: d = 6 leaves a last block of one column, which joins the one before
+    x = np.random.default_rng(d).standard_normal((17, d)) * np.logspace(-3, 6, d)
+    for ddof in (0, 1):
+        assert np.array_equal(std(x, ddof, "test", block=5), x.std(axis=0, ddof=ddof))
+    assert std(x.astype(np.float32), 1, "test", block=5).dtype == np.float32

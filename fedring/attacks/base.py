@@ -146,10 +146,20 @@ def known(honest: np.ndarray | None) -> np.ndarray:
     return honest
 
 
-def std(rows: np.ndarray, ddof: int, who: str) -> np.ndarray:
-    """Coordinate-wise standard deviation; needs more rows than ``ddof``."""
+def std(rows: np.ndarray, ddof: int, who: str, block: int = 1 << 16) -> np.ndarray:
+    """Coordinate-wise standard deviation; needs more rows than ``ddof``.
+
+    Computed ``block`` columns at a time, so numpy's ``rows - mean`` temporary is (h, block),
+    not another (h, d) array; each column is reduced over the rows in the same order as by
+    ``rows.std(axis=0)``, so the values are the same bit for bit. A last block of one column
+    joins the one before (numpy would sum a single column pairwise, in another order).
+    """
     if rows.shape[0] <= ddof:
         raise ValueError(
             f"{who}: a standard deviation with ddof={ddof} needs at least {ddof + 1} rows, got {rows.shape[0]}"
         )
-    return rows.std(axis=0, ddof=ddof)
+    d = rows.shape[1]
+    starts = list(range(0, d, block))
+    if len(starts) > 1 and d - starts[-1] == 1:
+        starts.pop()
+    return np.concatenate([rows[:, lo:hi].std(axis=0, ddof=ddof) for lo, hi in zip(starts, [*starts[1:], d])])

@@ -14,7 +14,7 @@ import functools
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 from mpi4py import MPI
@@ -383,6 +383,29 @@ class Network:
         ]
         self.complete(requests)
         return out
+
+    def gather_blocks(self, local: np.ndarray, phase: str) -> Iterator[tuple[int, np.ndarray]]:
+        """Every client sends its row to the server (rank 0), one rank's rows at a time: rank 0
+        yields ``(first client id, that rank's rows)`` in rank order, receiving every block
+        into one buffer (the caller copies what it keeps, e.g. cast to float64, and never holds
+        the whole ``(n, ...)`` array besides); every rank must run the loop to its end, the
+        others yield nothing."""
+        lay = self.layout
+        local = np.ascontiguousarray(local)
+        self.check_rows(local, count=lay.hi - lay.lo)
+        for k in range(len(local)):
+            self.ledger.add(lay.lo + k, phase, local[k].nbytes)
+        if lay.rank != 0:
+            if len(local):
+                self.complete(self._isend(local, 0))
+            return
+        yield lay.lo, local
+        counts = np.diff(lay.bounds)
+        buffer = np.empty((int(counts[1:].max(initial=0)), *local.shape[1:]), local.dtype)
+        for r in range(1, lay.size):
+            block = buffer[: counts[r]]
+            self.complete(self._irecv(block, r))
+            yield int(lay.bounds[r]), block
 
     @_timed
     def broadcast_from_server(self, vec: ArrayLike | None, phase: str, shape, dtype) -> np.ndarray:

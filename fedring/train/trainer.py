@@ -78,6 +78,23 @@ class Adversary:
             aggregator_name=self.cfg.aggregator,
         )
 
+    def learn(self, grads: np.ndarray, omniscient: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Over the side channel, on rank 0: the Byzantine clients' rows and, for an omniscient
+        attack, the honest rows already in float64 (the attacks' dtype), each row cast as its
+        rank's block arrives, so rank 0 never holds all n rows besides; (None, None) elsewhere."""
+        byz = honest = None
+        if self.net.layout.rank == 0:
+            byz = np.empty((len(self.byzantine), *grads.shape[1:]), grads.dtype)
+            if omniscient:
+                honest = np.empty((self.cfg.n_clients - len(self.byzantine), *grads.shape[1:]), np.float64)
+        for first, block in self.net.gather_blocks(grads, "adversary"):
+            for k, client in enumerate(range(first, first + len(block))):
+                before = int(np.searchsorted(self.byzantine, client))  # Byzantine clients with smaller ids
+                rows, slot = (byz, before) if self.is_byzantine[client] else (honest, client - before)
+                if rows is not None:
+                    rows[slot] = block[k]
+        return byz, honest
+
     def attack_model(self, grads: np.ndarray, t: int, reference: np.ndarray | None) -> None:
         """Replace the Byzantine clients' rows of ``grads`` (this rank's clients) in place."""
         attack = self.model_attack
@@ -90,12 +107,12 @@ class Adversary:
                 rng = generator(self.cfg.seed, Stream.ATTACK, client=lay.lo + k, step=t)
                 grads[k] = attack(grads[k : k + 1], None, self.context(rng, t))[0]
             return
-        everyone = self.net.gather_to_server(grads, "adversary")
         crafted = None
-        if everyone is not None:
-            honest = everyone[~self.is_byzantine] if attack.knowledge == "omniscient" else None
+        byz, honest = self.learn(grads, omniscient=attack.knowledge == "omniscient")
+        if byz is not None:
             rng = generator(self.cfg.seed, Stream.ATTACK, step=t)
-            crafted = attack(everyone[self.byzantine], honest, self.context(rng, t, reference))
+            crafted = attack(byz, honest, self.context(rng, t, reference))
+            del byz, honest  # before the scatter and the server's own gather
         mine = self.net.scatter_from_server(crafted, self.byzantine, "adversary", grads.shape[1:], grads.dtype)
         grads[local] = mine
 
