@@ -158,6 +158,7 @@ class Watchdog:
                     f"{signal.Signals(self.signal).name}; aborting it (results file: preempted, "
                     "resume from its last checkpoint)\n"
                 )
+                sys.stderr.flush()  # before marking the file: the launcher forwards it while that runs
                 self._abort(FileStatus.PREEMPTED, EXIT_PREEMPTED)
 
     def _abort(self, status: FileStatus, code: int) -> None:
