@@ -46,6 +46,8 @@ _ERROR_TAG = 77
 _PEER_MARGIN = 10.0
 #: how long marking the file may take before the abort goes ahead anyway (a hung file system)
 _MARK_TIMEOUT = 10.0
+#: how long an aborting rank waits after flushing its output, for the launcher to forward it
+_FORWARD_SECONDS = 0.5
 
 
 def agree_on_config_error(comm: MPI.Comm, error: ConfigError | None) -> None:
@@ -176,6 +178,10 @@ class Watchdog:
             marker.start()
             marker.join(_MARK_TIMEOUT)
         sys.stderr.flush()
+        sys.stdout.flush()
+        # MPI_Abort makes the launcher kill every rank and exit at once; output still in its
+        # pipes (this traceback, the abort message) would be lost, so it gets a moment to read them.
+        time.sleep(_FORWARD_SECONDS)
         MPI.COMM_WORLD.Abort(code)
 
     # ---- failures --------------------------------------------------------------------
