@@ -45,7 +45,7 @@ from .tables import (
     check_comparable,
     method_labels,
     metric_column,
-    say_varying,
+    selected_runs,
     text,
 )
 from .worst_case import add_protocol_options, defence_order, defence_rows, load_selected, worst_case
@@ -263,14 +263,7 @@ def _parser(prog: str, what: str) -> argparse.ArgumentParser:
 
 
 def _runs(args) -> pd.DataFrame | None:
-    df, skipped = load_runs(args.paths)
-    report_skipped(skipped)
-    df = apply_where(df, args.where)
-    if df.empty:
-        print("no complete training runs to plot", file=sys.stderr)
-        return None
-    say_varying(df.drop_duplicates("run"))
-    return df
+    return selected_runs(args.paths, args.where, "no complete training runs to plot")
 
 
 def main_accuracy(argv: list[str]) -> int:

@@ -358,6 +358,19 @@ def write_outputs(markdown: str, csv: pd.DataFrame, prefix: str | None) -> None:
         print(f"wrote {prefix}.md, {prefix}.csv")
 
 
+def selected_runs(paths: list[str], where: list[str], nothing: str) -> pd.DataFrame | None:
+    """The complete training runs under ``paths`` that ``where`` keeps, skipped files reported
+    and the settings that vary named on stderr; None, after printing ``nothing``, if none is left."""
+    df, skipped = load_runs(paths)
+    report_skipped(skipped)
+    df = apply_where(df, where)
+    if df.empty:
+        print(nothing, file=sys.stderr)
+        return None
+    say_varying(df.drop_duplicates("run"))
+    return df
+
+
 def _positive(value: str) -> int:
     n = int(value)
     if n < 1:
@@ -401,13 +414,9 @@ def main_table(argv: list[str]) -> int:
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="keep only runs with this setting")
     args = p.parse_args(argv)
     beside = read_beside(args.beside) if args.beside else None
-    df, skipped = load_runs(args.paths)
-    report_skipped(skipped)
-    df = apply_where(df, args.where)
-    if df.empty:
-        print("no complete training runs to tabulate", file=sys.stderr)
+    df = selected_runs(args.paths, args.where, "no complete training runs to tabulate")
+    if df is None:
         return 1
-    say_varying(df.drop_duplicates("run"))
     write_outputs(
         *paper_table(df, args.rows, args.cols, args.metric, args.digits, args.final_window, args.diff_to, beside),
         args.out,

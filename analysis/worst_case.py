@@ -31,19 +31,17 @@ from dataclasses import dataclass
 import pandas as pd
 
 from . import ATTACK_LABELS, METHOD_ORDER
-from .load import load_runs, report_skipped
 from .tables import (
     METHOD_KEYS,
     _order,
     _positive,
     _rounds,
-    apply_where,
     check_cells,
     check_comparable,
     config_columns,
     final_rows,
     method_labels,
-    say_varying,
+    selected_runs,
     text,
     write_outputs,
 )
@@ -224,14 +222,7 @@ def add_protocol_options(p: argparse.ArgumentParser, tune_required: bool) -> Non
 
 
 def load_selected(args) -> pd.DataFrame | None:
-    df, skipped = load_runs(args.paths)
-    report_skipped(skipped)
-    df = apply_where(df, args.where)
-    if df.empty:
-        print("no complete training runs", file=sys.stderr)
-        return None
-    say_varying(df.drop_duplicates("run"))
-    return df
+    return selected_runs(args.paths, args.where, "no complete training runs")
 
 
 def main(argv: list[str]) -> int:
