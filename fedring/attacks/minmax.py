@@ -6,7 +6,7 @@ import numpy as np
 
 from fedring.validate import choice, real
 
-from .base import ATTACKS, AttackContext, ModelAttack, known, std
+from .base import ATTACKS, AttackContext, ModelAttack, known, mean, std
 
 PERTURBATIONS = ("unit_vec", "std", "sign")
 
@@ -14,9 +14,10 @@ PERTURBATIONS = ("unit_vec", "std", "sign")
 def perturbation(honest: np.ndarray, kind: str) -> np.ndarray:
     r"""The direction dev with :math:`\nabla^p = -\text{dev}`: μ/‖μ‖₂, sign(μ) or std (ddof = 1).
 
-    A zero mean gives a zero unit vector (the attack then sends μ).
+    A zero mean gives a zero unit vector (the attack then sends μ). In float64, whatever the
+    dtype of ``honest``.
     """
-    mu = honest.mean(axis=0)
+    mu = mean(honest)
     if kind == "unit_vec":
         norm = np.linalg.norm(mu)
         return mu / norm if norm > 0 else np.zeros_like(mu)
@@ -46,8 +47,12 @@ def min_max_sum_gamma(
     so γ ∈ (0, 2 γ_init). Returns γ_succ (0 when no γ tried satisfied the constraint).
     With c_i = g_i − μ, ‖μ − γ·dev − g_i‖² = ‖c_i‖² + 2γ⟨c_i, dev⟩ + γ²‖dev‖², so each trial
     costs O(h) after one O(h d) pass.
+
+    The distances need the centred rows in float64 as one array (a Gram product in column
+    blocks would sum in another order): the one float64 (h, d) array this makes, centred in place.
     """
-    centred = honest - honest.mean(axis=0)
+    centred = np.array(honest, dtype=np.float64)
+    centred -= centred.mean(axis=0)
     gram = centred @ centred.T
     sq = np.diag(gram).copy()
     pair = np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0)
@@ -107,6 +112,7 @@ class MinMax(ModelAttack):
 
     name = "minmax"
     knowledge = "omniscient"
+    blockwise = True
     constraint = "minmax"
 
     def __init__(self, perturbation: str = "std", gamma_init: float = 10.0, tol: float = 1e-5):
@@ -123,7 +129,7 @@ class MinMax(ModelAttack):
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         honest = known(honest)
         gamma, dev = self.gamma(honest)
-        return np.broadcast_to(honest.mean(axis=0) - gamma * dev, byz.shape)
+        return np.broadcast_to(mean(honest) - gamma * dev, byz.shape)
 
 
 @ATTACKS.register
