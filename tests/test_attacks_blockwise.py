@@ -64,7 +64,15 @@ def test_blockwise_attack_matches_its_float64_computation_in_one_piece(name, par
     byz, honest = rows(len(name) + len(params))
     before = byz.copy(), honest.copy()
     monkeypatch.setattr(attack_base, "BLOCK", 1 << 30)
-    whole = attack(byz.astype(np.float64), honest.astype(np.float64), context(1))
+    honest64 = honest.astype(np.float64)
+    whole = attack(byz.astype(np.float64), honest64, context(1))
+    assert np.array_equal(honest64, honest)  # not the caller's to overwrite
+    given_up = honest.astype(np.float64)  # as rank 0's side channel gives the rows up
+    assert attack(byz, given_up, context(1), overwrite_honest=True).tobytes() == whole.astype(np.float32).tobytes()
+    if attack.overwrites_honest and attack.knowledge == "omniscient":  # centred in place, no copy made
+        assert np.array_equal(given_up, honest64 - honest64.mean(axis=0))
+    else:
+        assert np.array_equal(given_up, honest)
     for block in (2, 3, 5, 22, 64):  # 23 columns: a last block of 1 (joined), 2, 3, 1 (joined), none
         monkeypatch.setattr(attack_base, "BLOCK", block)
         # float64 Byzantine rows give float64 results: no rounding to float32 hides a difference

@@ -69,19 +69,25 @@ class ModelAttack:
     ``byz``. ``knowledge`` is a class default that an instance may narrow or widen when a
     parameter changes what the attack uses (e.g. Fang's full vs partial knowledge).
 
-    An attack with ``blockwise = True`` (every omniscient or colluding attack of fedring) receives the rows as the
-    clients sent them (float32) instead, and does its float64 arithmetic one column block at a
-    time (:func:`columns`, :func:`by_columns`), with the same float64 values as on float64
-    copies of the rows: rank 0 then holds no float64 copy of every honest row (docs/figures.md,
-    "Memory at ResNet-18 size").
+    An attack with ``blockwise = True`` (every omniscient or colluding attack of fedring)
+    receives the rows as the clients sent them (float32) instead, and does its float64
+    arithmetic one column block at a time (:func:`columns`, :func:`by_columns`), with the same
+    float64 values as on float64 copies of the rows: rank 0 then holds no float64 copy of every
+    honest row (docs/figures.md, "Memory at ResNet-18 size"). An attack that needs the honest
+    rows centred in float64 as one array, for a Gram matrix, declares ``overwrites_honest``: its
+    :meth:`craft` centres ``honest`` in place, and :meth:`__call__` hands it a float64 copy of
+    its own unless the caller gives its float64 rows up (``overwrite_honest``).
     """
 
     name: ClassVar[str]
     kind: ClassVar[str] = "model"
     knowledge: str = "own"
     blockwise: ClassVar[bool] = False
+    overwrites_honest: ClassVar[bool] = False
 
-    def __call__(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+    def __call__(
+        self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext, overwrite_honest: bool = False
+    ) -> np.ndarray:
         """Malicious gradients.
 
         Parameters
@@ -91,6 +97,9 @@ class ModelAttack:
         honest : ndarray, shape (h, d), or None
             Honest gradients of the round; used only when ``knowledge == "omniscient"``.
         ctx : AttackContext
+        overwrite_honest : bool, default False
+            The caller no longer needs ``honest``: an attack that ``overwrites_honest`` may
+            centre it in place when it is float64, instead of copying it (as scipy's ``overwrite_a``).
 
         Returns
         -------
@@ -109,7 +118,9 @@ class ModelAttack:
                 raise ValueError(
                     f"attack {self.name}: honest must be (h, {byz.shape[1]}) with h >= 1, got {honest.shape}"
                 )
-            if not self.blockwise:
+            if self.overwrites_honest:
+                honest = honest.astype(np.float64, copy=not overwrite_honest)
+            elif not self.blockwise:
                 honest = honest.astype(np.float64, copy=False)
         else:
             honest = None
@@ -202,6 +213,14 @@ def mean(rows: np.ndarray) -> np.ndarray:
 def column_sum(rows: np.ndarray) -> np.ndarray:
     """Coordinate-wise float64 sum, ``rows.astype(np.float64).sum(axis=0)`` bit for bit, in blocks."""
     return columns(lambda x: x.sum(axis=0), rows)
+
+
+def float64_rows(rows: np.ndarray, overwrite: bool = False) -> np.ndarray:
+    """``rows`` as a C-contiguous float64 array to centre in place: ``rows`` itself with
+    ``overwrite`` if it already is one (the caller gives it up), else a copy."""
+    if overwrite and rows.dtype == np.float64 and rows.flags.c_contiguous and rows.flags.writeable:
+        return rows
+    return np.array(rows, dtype=np.float64, order="C")
 
 
 def by_columns(shape: tuple[int, int], dtype, fill: Callable[[slice], np.ndarray]) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 from fedring.validate import choice, real
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack, column_blocks, column_sum, known, mean, std
+from .base import ATTACKS, AttackContext, ModelAttack, column_blocks, column_sum, float64_rows, known, mean, std
 
 
 def _sq_dists(rows: np.ndarray) -> np.ndarray:
@@ -46,6 +46,7 @@ def fang_krum_lambda(
     tol: float = 1e-5,
     start: float | None = None,
     copies_last: bool = False,
+    overwrite: bool = False,
 ) -> tuple[float, bool]:
     r"""Fang et al.'s λ for the Krum attack, and whether Krum then picks an attacker.
 
@@ -64,8 +65,9 @@ def fang_krum_lambda(
     order lets the copy win. The distances from the copies to the benign rows are quadratics in
     λ with precomputed coefficients, so each trial costs O(n^2), not O(n^2 d). They need the
     benign rows in float64 as one array (row norms and Gram products in column blocks would sum
-    in another order): the one float64 (h, d) array this makes, centred in place once the norms
-    and the products with s are taken.
+    in another order): a float64 copy of ``benign`` (with ``overwrite``, ``benign`` itself if it
+    is a C-contiguous float64 array), centred in place once the norms and the products with s
+    are taken.
 
     Parameters
     ----------
@@ -74,6 +76,7 @@ def fang_krum_lambda(
     b : number of crafted copies.  f : Krum's parameter.  lr : learning rate η.
     tol : stop threshold on λ.  start : initial λ instead of Fang's bound.
     copies_last : put the copies after the benign rows in the simulated Krum.
+    overwrite : ``benign`` may be centred in place.
 
     Examples
     --------
@@ -96,7 +99,7 @@ def fang_krum_lambda(
     """
     h, d = benign.shape
     n = b + h
-    own = np.array(benign, dtype=np.float64)
+    own = float64_rows(benign, overwrite)
     norms = np.sqrt(np.einsum("ij,ij->i", own, own))
     sg = own @ s
     dist_bb = _sq_dists(own)
@@ -165,6 +168,7 @@ class FangKrum(ModelAttack):
 
     name = "fang_krum"
     blockwise = True
+    overwrites_honest = True
 
     def __init__(self, variant: str = "full", tol: float = 1e-5):
         self.variant = choice("attack.variant", variant, ("full", "partial"))
@@ -183,7 +187,7 @@ class FangKrum(ModelAttack):
         if self.variant == "full":
             honest = known(honest)
             s = np.sign(column_sum(byz) + column_sum(honest))
-            lam, _ = fang_krum_lambda(honest, s, b, ctx.f, ctx.lr, self.tol)
+            lam, _ = fang_krum_lambda(honest, s, b, ctx.f, ctx.lr, self.tol, overwrite=True)
             return np.broadcast_to(-(lam / ctx.lr) * s, byz.shape)
         s = np.sign(column_sum(byz))
         for supporters in range(1, b):

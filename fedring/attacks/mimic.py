@@ -7,7 +7,7 @@ import numpy as np
 from fedring.validate import integer
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack, known
+from .base import ATTACKS, AttackContext, ModelAttack, float64_rows, known
 
 
 def mimic_target(honest: np.ndarray) -> int:
@@ -21,7 +21,7 @@ def mimic_target(honest: np.ndarray) -> int:
     Ties go to the lowest index. The Gram matrix needs the centred rows in float64 as one array:
     the one float64 (h, d) array this makes, centred in place.
     """
-    centred = np.array(honest, dtype=np.float64)
+    centred = float64_rows(honest)  # a copy: the attackers send one of the rows
     centred -= centred.mean(axis=0)
     _, vecs = np.linalg.eigh(centred @ centred.T)
     return int(np.argmax(np.abs(vecs[:, -1])))
