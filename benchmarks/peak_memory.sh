@@ -25,8 +25,8 @@ while kill -0 "$job" 2>/dev/null; do
     total=$((total + ${pss:-0}))
     ranks=$((ranks + 1))
     if [ -z "${rank_of[$pid]:-}" ]; then  # MPICH's PMI_RANK, Open MPI's rank; none: the launcher
-      rank_of[$pid]=$(tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null |
-                      sed -n 's/^\(PMI_RANK\|OMPI_COMM_WORLD_RANK\)=//p' | head -1)
+      rank_of[$pid]=$( { tr '\0' '\n' < "/proc/$pid/environ"; } 2>/dev/null |  # it may have just exited
+                      sed -n 's/^\(PMI_RANK\|OMPI_COMM_WORLD_RANK\)=//p' | head -1 || true)
     fi
     h=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
     [ "${h:-0}" -gt "${hwm[$pid]:-0}" ] && hwm[$pid]=$h

@@ -15,7 +15,7 @@ import numpy as np
 from fedring.validate import choice, integer, real
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack, known
+from .base import ATTACKS, AttackContext, ModelAttack, columns, known, mean
 from .minmax import perturbation
 
 TARGETS = ("brace", "generic")
@@ -42,7 +42,7 @@ def brace_closed_form(honest: np.ndarray) -> np.ndarray:
     each attacker moves a vote count by at most one and BRACE is monotone in the count, this
     sign pattern turns the most coordinates away from sign(μ) (docs/brace.md).
     """
-    mu = honest.mean(axis=0)
+    mu = mean(honest)
     return mu - 1.001 * np.abs(mu).max() * np.sign(mu)
 
 
@@ -56,9 +56,10 @@ def brace_margin_flips(byz: np.ndarray, honest: np.ndarray, lam: float, budget: 
     :math:`t_k (S_{\mathcal H,k} - \lambda)` orders them; the first ⌈budget·#gainable⌉ are returned.
     """
     b = byz.shape[0]
-    s_honest = np.sign(honest).sum(axis=0)
-    t = np.sign(honest.mean(axis=0))
-    no_attack = np.where(s_honest + np.sign(byz).sum(axis=0) > lam, 1.0, -1.0)
+    votes = lambda x: np.sign(x).sum(axis=0)  # noqa: E731
+    s_honest = columns(votes, honest)
+    t = np.sign(mean(honest))
+    no_attack = np.where(s_honest + columns(votes, byz) > lam, 1.0, -1.0)
     attacked = np.where(s_honest - b * t > lam, 1.0, -1.0)
     gainable = np.flatnonzero((t != 0) & (no_attack == t) & (attacked != t))
     margin = t[gainable] * (s_honest[gainable] - lam)
@@ -109,7 +110,7 @@ def direction(honest: np.ndarray, kind: str) -> np.ndarray:
     With μ itself the family is (1 − γ)μ, ByzFL's ``FallOfEmpires(attack_factor=γ)`` (releases up
     to 0.0.9).
     """
-    return honest.mean(axis=0) if kind == "mean" else perturbation(honest, kind)
+    return mean(honest) if kind == "mean" else perturbation(honest, kind)
 
 
 @ATTACKS.register
@@ -169,6 +170,7 @@ class Adaptive(ModelAttack):
 
     name = "adaptive"
     knowledge = "omniscient"
+    blockwise = True
     params = ("target", *_OWN)
 
     def __init__(self, target: str = "brace", **params):
@@ -199,17 +201,18 @@ class Adaptive(ModelAttack):
                 return np.broadcast_to(brace_closed_form(honest), byz.shape)
             out = byz.copy()
             flip = brace_margin_flips(byz, honest, self.lam, self.budget)
-            out[:, flip] = -honest.mean(axis=0)[flip]
+            out[:, flip] = -mean(honest)[flip]
             return out
         aggregate = ctx.aggregator
         if aggregate is None:
             raise ConfigError("attack.target", "'generic' needs the defence's aggregation rule, and none was given")
-        mu, dev = honest.mean(axis=0), direction(honest, self.perturbation)
+        mu, dev = mean(honest), direction(honest, self.perturbation)
         b = byz.shape[0]
-        reference = np.asarray(aggregate(np.vstack([byz, honest])), dtype=np.float64)
+        # the defence's rule runs on every row in float64, as it would on float64 copies
+        reference = np.asarray(aggregate(np.vstack([byz, honest], dtype=np.float64)), dtype=np.float64)
 
         def deviation(gamma: float) -> float:
-            rows = np.vstack([np.broadcast_to(mu - gamma * dev, (b, mu.size)), honest])
+            rows = np.vstack([np.broadcast_to(mu - gamma * dev, (b, mu.size)), honest], dtype=np.float64)
             return float(np.linalg.norm(np.asarray(aggregate(rows), dtype=np.float64) - reference))
 
         gamma = line_maximize(deviation, self.evals, self.start, self.delta, self.ratio)

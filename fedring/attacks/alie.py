@@ -10,7 +10,7 @@ import numpy as np
 from fedring.validate import choice, real
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack, known, std
+from .base import ATTACKS, AttackContext, ModelAttack, by_columns, known, need_rows
 
 
 def alie_z(n: int, f: int) -> float:
@@ -80,6 +80,7 @@ class ALIE(ModelAttack):
     """
 
     name = "alie"
+    blockwise = True
 
     def __init__(self, z: float | None = None, ddof: int = 1, stats: str = "honest", jitter: float = 0.0):
         self.z = None if z is None else real("attack.z", z)
@@ -94,7 +95,13 @@ class ALIE(ModelAttack):
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         rows = known(honest) if self.stats == "honest" else byz
-        mu, sigma = rows.mean(axis=0), std(rows, self.ddof, "attack alie")
+        need_rows(rows, self.ddof, "attack alie")
         z: float | np.ndarray = alie_z(ctx.n, byz.shape[0]) if self.z is None else self.z
         z = z + (ctx.rng.uniform(-self.jitter, self.jitter, size=(byz.shape[0], 1)) if self.jitter else 0.0)
-        return mu + np.broadcast_to(z, (byz.shape[0], 1)) * sigma
+        z = np.broadcast_to(z, (byz.shape[0], 1))
+
+        def shifted(c: slice) -> np.ndarray:  # the formula on one column block
+            block = rows[:, c].astype(np.float64)
+            return block.mean(axis=0) + z * block.std(axis=0, ddof=self.ddof)
+
+        return by_columns(byz.shape, byz.dtype, shifted)

@@ -68,13 +68,26 @@ class ModelAttack:
     hides the honest gradients from non-omniscient attacks and returns the rows in the dtype of
     ``byz``. ``knowledge`` is a class default that an instance may narrow or widen when a
     parameter changes what the attack uses (e.g. Fang's full vs partial knowledge).
+
+    An attack with ``blockwise = True`` (every omniscient or colluding attack of fedring)
+    receives the rows as the clients sent them (float32) instead, and does its float64
+    arithmetic one column block at a time (:func:`columns`, :func:`by_columns`), with the same
+    float64 values as on float64 copies of the rows: rank 0 then holds no float64 copy of every
+    honest row (docs/figures.md, "Memory at ResNet-18 size"). An attack that needs the honest
+    rows centred in float64 as one array, for a Gram matrix, declares ``overwrites_honest``: its
+    :meth:`craft` centres ``honest`` in place, and :meth:`__call__` hands it a float64 copy of
+    its own unless the caller gives its float64 rows up (``overwrite_honest``).
     """
 
     name: ClassVar[str]
     kind: ClassVar[str] = "model"
     knowledge: str = "own"
+    blockwise: ClassVar[bool] = False
+    overwrites_honest: ClassVar[bool] = False
 
-    def __call__(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+    def __call__(
+        self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext, overwrite_honest: bool = False
+    ) -> np.ndarray:
         """Malicious gradients.
 
         Parameters
@@ -84,6 +97,9 @@ class ModelAttack:
         honest : ndarray, shape (h, d), or None
             Honest gradients of the round; used only when ``knowledge == "omniscient"``.
         ctx : AttackContext
+        overwrite_honest : bool, default False
+            The caller no longer needs ``honest``: an attack that ``overwrites_honest`` may
+            centre it in place when it is float64, instead of copying it (as scipy's ``overwrite_a``).
 
         Returns
         -------
@@ -102,11 +118,16 @@ class ModelAttack:
                 raise ValueError(
                     f"attack {self.name}: honest must be (h, {byz.shape[1]}) with h >= 1, got {honest.shape}"
                 )
-            honest = honest.astype(np.float64, copy=False)
+            if self.overwrites_honest:
+                honest = honest.astype(np.float64, copy=not overwrite_honest)
+            elif not self.blockwise:
+                honest = honest.astype(np.float64, copy=False)
         else:
             honest = None
         self.check(ctx.n, byz.shape[0], ctx.f)
-        out = self.craft(byz.astype(np.float64, copy=False), honest, ctx)
+        out = self.craft(byz if self.blockwise else byz.astype(np.float64, copy=False), honest, ctx)
+        if isinstance(out, np.ndarray) and out.dtype == byz.dtype and out.base is None and out is not byz:
+            return out  # crafted into a fresh array of its own (:func:`by_columns`): no second copy
         return np.array(out, dtype=byz.dtype)  # a fresh writable (b, d) array, never a view
 
     def check(self, n: int, b: int, f: int | None = None) -> None:
@@ -146,20 +167,89 @@ def known(honest: np.ndarray | None) -> np.ndarray:
     return honest
 
 
-def std(rows: np.ndarray, ddof: int, who: str, block: int = 1 << 16) -> np.ndarray:
-    """Coordinate-wise standard deviation; needs more rows than ``ddof``.
+#: columns per block of the attacks' float64 arithmetic: 100 rows of 4,096 float64 are 3.2 MiB
+BLOCK = 1 << 12
 
-    Computed ``block`` columns at a time, so numpy's ``rows - mean`` temporary is (h, block),
-    not another (h, d) array; each column is reduced over the rows in the same order as by
-    ``rows.std(axis=0)``, so the values are the same bit for bit. A last block of one column
-    joins the one before (numpy would sum a single column pairwise, in another order).
+
+def column_blocks(d: int, block: int | None = None) -> list[slice]:
+    """Slices of ``block`` (default :data:`BLOCK`) columns that cover ``range(d)``.
+
+    numpy reduces every column of a C-contiguous (h, w) array along axis 0 one row after
+    another whatever w >= 2, so a column's sum, mean, standard deviation ... is the same bit for
+    bit in a block as in the whole array. A single column (w = 1) is summed pairwise instead, in
+    another order, so a last block of one column joins the one before.
     """
+    block = block or BLOCK
+    starts = list(range(0, d, block))
+    if len(starts) > 1 and d - starts[-1] == 1:
+        starts.pop()
+    return [slice(lo, hi) for lo, hi in zip(starts, [*starts[1:], d])]
+
+
+def columns(fn: Callable[[np.ndarray], np.ndarray], *rows: np.ndarray, block: int | None = None) -> np.ndarray:
+    """``fn`` of the float64 rows, computed one column block at a time.
+
+    ``fn`` maps an (m, w) float64 block (the blocks of ``rows`` stacked in the given order, cast
+    to float64) to its w per-column values, reducing along axis 0; the values are those of ``fn``
+    on the whole float64 array (:func:`column_blocks`), and no more than one block is ever in
+    float64.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> columns(lambda x: x.sum(axis=0), np.ones((2, 5), np.float32), np.eye(5)[:1], block=2)
+    array([3., 2., 2., 2., 2.])
+    """
+    return np.concatenate(
+        [fn(np.concatenate([r[:, c] for r in rows], dtype=np.float64)) for c in column_blocks(rows[0].shape[1], block)]
+    )
+
+
+def mean(rows: np.ndarray) -> np.ndarray:
+    """Coordinate-wise float64 mean, ``rows.astype(np.float64).mean(axis=0)`` bit for bit, in blocks."""
+    return columns(lambda x: x.mean(axis=0), rows)
+
+
+def column_sum(rows: np.ndarray) -> np.ndarray:
+    """Coordinate-wise float64 sum, ``rows.astype(np.float64).sum(axis=0)`` bit for bit, in blocks."""
+    return columns(lambda x: x.sum(axis=0), rows)
+
+
+def float64_rows(rows: np.ndarray, overwrite: bool = False) -> np.ndarray:
+    """``rows`` as a C-contiguous float64 array to centre in place: ``rows`` itself with
+    ``overwrite`` if it already is one (the caller gives it up), else a copy."""
+    if overwrite and rows.dtype == np.float64 and rows.flags.c_contiguous and rows.flags.writeable:
+        return rows
+    return np.array(rows, dtype=np.float64, order="C")
+
+
+def by_columns(shape: tuple[int, int], dtype, fill: Callable[[slice], np.ndarray]) -> np.ndarray:
+    """Rows crafted one column block at a time: ``out[:, c] = fill(c)`` for each block ``c``.
+
+    A coordinate-wise formula evaluated in float64 on one block and stored in ``dtype`` (the
+    dtype of the Byzantine rows) gives the values the whole (b, d) float64 result would once
+    cast, without that float64 result.
+    """
+    out = np.empty(shape, dtype)
+    for c in column_blocks(shape[1]):
+        out[:, c] = fill(c)
+    return out
+
+
+def need_rows(rows: np.ndarray, ddof: int, who: str) -> None:
+    """Raise unless ``rows`` has more rows than ``ddof`` (a standard deviation is defined)."""
     if rows.shape[0] <= ddof:
         raise ValueError(
             f"{who}: a standard deviation with ddof={ddof} needs at least {ddof + 1} rows, got {rows.shape[0]}"
         )
-    d = rows.shape[1]
-    starts = list(range(0, d, block))
-    if len(starts) > 1 and d - starts[-1] == 1:
-        starts.pop()
-    return np.concatenate([rows[:, lo:hi].std(axis=0, ddof=ddof) for lo, hi in zip(starts, [*starts[1:], d])])
+
+
+def std(rows: np.ndarray, ddof: int, who: str, block: int | None = None) -> np.ndarray:
+    """Coordinate-wise float64 standard deviation; needs more rows than ``ddof``.
+
+    ``rows.astype(np.float64).std(axis=0, ddof=ddof)`` bit for bit, computed one column block at
+    a time (:func:`columns`), so numpy's ``rows - mean`` temporary is (h, block), not another
+    (h, d) array.
+    """
+    need_rows(rows, ddof, who)
+    return columns(lambda x: x.std(axis=0, ddof=ddof), rows, block=block)

@@ -17,12 +17,14 @@ import numpy as np
 from fedring.validate import choice, real
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack, known
+from .base import ATTACKS, AttackContext, ModelAttack, column_blocks, column_sum, float64_rows, known, mean, std
 
 
 def _sq_dists(rows: np.ndarray) -> np.ndarray:
-    centred = rows - rows.mean(axis=0)  # smaller norms, less cancellation in the Gram form
-    gram = centred @ centred.T
+    """Squared distances between the rows of a float64 array, which this centres in place
+    (smaller norms, less cancellation in the Gram form)."""
+    rows -= rows.mean(axis=0)
+    gram = rows @ rows.T
     sq = np.diag(gram).copy()
     return np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0)
 
@@ -44,6 +46,7 @@ def fang_krum_lambda(
     tol: float = 1e-5,
     start: float | None = None,
     copies_last: bool = False,
+    overwrite: bool = False,
 ) -> tuple[float, bool]:
     r"""Fang et al.'s λ for the Krum attack, and whether Krum then picks an attacker.
 
@@ -60,7 +63,11 @@ def fang_krum_lambda(
     False). Krum breaks ties towards the lower index, so the order decides exact ties: with one
     neighbour a copy's score equals that of its nearest benign row, and only the copies-first
     order lets the copy win. The distances from the copies to the benign rows are quadratics in
-    λ with precomputed coefficients, so each trial costs O(n^2), not O(n^2 d).
+    λ with precomputed coefficients, so each trial costs O(n^2), not O(n^2 d). They need the
+    benign rows in float64 as one array (row norms and Gram products in column blocks would sum
+    in another order): a float64 copy of ``benign`` (with ``overwrite``, ``benign`` itself if it
+    is a C-contiguous float64 array), centred in place once the norms and the products with s
+    are taken.
 
     Parameters
     ----------
@@ -69,6 +76,7 @@ def fang_krum_lambda(
     b : number of crafted copies.  f : Krum's parameter.  lr : learning rate η.
     tol : stop threshold on λ.  start : initial λ instead of Fang's bound.
     copies_last : put the copies after the benign rows in the simulated Krum.
+    overwrite : ``benign`` may be centred in place.
 
     Examples
     --------
@@ -91,16 +99,19 @@ def fang_krum_lambda(
     """
     h, d = benign.shape
     n = b + h
-    dist_bb = _sq_dists(benign)
+    own = float64_rows(benign, overwrite)
+    norms = np.sqrt(np.einsum("ij,ij->i", own, own))
+    sg = own @ s
+    dist_bb = _sq_dists(own)
+    del own
     k = min(max(n - f - 2, 0), h - 1)
     nearest = np.sort(np.sqrt(dist_bb), axis=1)[:, 1 : k + 1].sum(axis=1)
-    norms = np.sqrt(np.einsum("ij,ij->i", benign, benign))
     if start is None:
         lam = float(lr * (nearest.min() / ((n - 2 * f - 1) * math.sqrt(d)) + norms.max() / math.sqrt(d)))
     else:
         lam = float(start)
 
-    ss, sg = float(s @ s), benign @ s
+    ss = float(s @ s)
     copies, rows = (slice(h, n), slice(0, h)) if copies_last else (slice(0, b), slice(b, n))
     dist = np.zeros((n, n))
     dist[rows, rows] = dist_bb
@@ -156,6 +167,8 @@ class FangKrum(ModelAttack):
     """
 
     name = "fang_krum"
+    blockwise = True
+    overwrites_honest = True
 
     def __init__(self, variant: str = "full", tol: float = 1e-5):
         self.variant = choice("attack.variant", variant, ("full", "partial"))
@@ -173,10 +186,10 @@ class FangKrum(ModelAttack):
         b = byz.shape[0]
         if self.variant == "full":
             honest = known(honest)
-            s = np.sign(byz.sum(axis=0) + honest.sum(axis=0))
-            lam, _ = fang_krum_lambda(honest, s, b, ctx.f, ctx.lr, self.tol)
+            s = np.sign(column_sum(byz) + column_sum(honest))
+            lam, _ = fang_krum_lambda(honest, s, b, ctx.f, ctx.lr, self.tol, overwrite=True)
             return np.broadcast_to(-(lam / ctx.lr) * s, byz.shape)
-        s = np.sign(byz.sum(axis=0))
+        s = np.sign(column_sum(byz))
         for supporters in range(1, b):
             lam, chosen = fang_krum_lambda(byz, s, supporters, supporters, 1.0, self.tol, start=1.0, copies_last=True)
             if chosen:
@@ -215,6 +228,7 @@ class FangTrim(ModelAttack):
     """
 
     name = "fang_trim"
+    blockwise = True
 
     def __init__(self, variant: str = "full", b: float = 2.0):
         self.variant = choice("attack.variant", variant, ("full", "partial"))
@@ -222,11 +236,23 @@ class FangTrim(ModelAttack):
         self.knowledge = "omniscient" if variant == "full" else "collusion"
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+        # The draws row by row give the values of one (b, d) draw (the generator fills it row by
+        # row), so only one row of them and of the result is ever in float64.
+        out = np.empty(byz.shape, byz.dtype)
         if self.variant == "partial":
-            mu, sigma = byz.mean(axis=0), byz.std(axis=0)
-            return mu - np.sign(mu) * sigma * ctx.rng.uniform(3.0, 4.0, size=byz.shape)
-        rows = np.vstack([byz, known(honest)])
-        s = np.sign(rows.sum(axis=0))
-        base = np.where(s > 0, rows.min(axis=0), rows.max(axis=0))
-        r = ctx.rng.uniform(1.0, self.b, size=byz.shape)
-        return np.where(s * base > 0, base / r, base * r)
+            mu, sigma = mean(byz), std(byz, 0, "attack fang_trim")
+            spread = np.sign(mu) * sigma
+            for row in out:
+                row[:] = mu - spread * ctx.rng.uniform(3.0, 4.0, size=mu.size)
+            return out
+        honest = known(honest)
+        s, base = np.empty(byz.shape[1]), np.empty(byz.shape[1])
+        for c in column_blocks(byz.shape[1]):
+            rows = np.concatenate([byz[:, c], honest[:, c]], dtype=np.float64)
+            s[c] = np.sign(rows.sum(axis=0))
+            base[c] = np.where(s[c] > 0, rows.min(axis=0), rows.max(axis=0))
+        beyond = s * base > 0
+        for row in out:
+            r = ctx.rng.uniform(1.0, self.b, size=base.size)
+            row[:] = np.where(beyond, base / r, base * r)
+        return out

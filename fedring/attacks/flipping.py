@@ -7,17 +7,17 @@ import numpy as np
 from fedring.validate import choice, real
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack, known
+from .base import ATTACKS, AttackContext, ModelAttack, column_sum, known, mean
 
 SOURCES = ("own", "mean", "sum")
 
 
 def _reference(source: str, byz: np.ndarray, honest: np.ndarray | None) -> np.ndarray:
+    """The attackers' own rows (b, d), or the honest mean or sum (d,), in float64."""
     if source == "own":
-        return byz
+        return byz.astype(np.float64)
     honest = known(honest)
-    ref = honest.mean(axis=0) if source == "mean" else honest.sum(axis=0)
-    return np.broadcast_to(ref, byz.shape)
+    return mean(honest) if source == "mean" else column_sum(honest)
 
 
 @ATTACKS.register
@@ -52,6 +52,7 @@ class SignFlip(ModelAttack):
     """
 
     name = "signflip"
+    blockwise = True
 
     def __init__(self, source: str = "own", scale: float = 1.0):
         self.source = choice("attack.source", source, SOURCES)
@@ -59,7 +60,7 @@ class SignFlip(ModelAttack):
         self.knowledge = "own" if source == "own" else "omniscient"
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        return -self.scale * _reference(self.source, byz, honest)
+        return np.broadcast_to(-self.scale * _reference(self.source, byz, honest), byz.shape)
 
 
 @ATTACKS.register
@@ -94,6 +95,7 @@ class Scaling(ModelAttack):
     """
 
     name = "scaling"
+    blockwise = True
 
     def __init__(self, factor: float = 10.0, source: str = "mean"):
         self.factor = real("attack.factor", factor)
@@ -103,4 +105,4 @@ class Scaling(ModelAttack):
         self.knowledge = "own" if source == "own" else "omniscient"
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        return self.factor * _reference(self.source, byz, honest)
+        return np.broadcast_to(self.factor * _reference(self.source, byz, honest), byz.shape)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import ATTACKS, AttackContext, ModelAttack, known
+from .base import ATTACKS, AttackContext, ModelAttack, known, mean
 
 
 @ATTACKS.register
@@ -33,6 +33,7 @@ class HPlusAttack(ModelAttack):
 
     name = "hplus_attack"
     knowledge = "omniscient"
+    blockwise = True
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        return np.broadcast_to(-known(honest).mean(axis=0), byz.shape)
+        return np.broadcast_to(-mean(known(honest)), byz.shape)

@@ -11,7 +11,7 @@ import numpy as np
 
 from fedring.validate import real
 
-from .base import ATTACKS, AttackContext, ModelAttack, known
+from .base import ATTACKS, AttackContext, ModelAttack, by_columns, known, mean
 
 
 @ATTACKS.register
@@ -44,6 +44,7 @@ class IPM(ModelAttack):
 
     name = "ipm"
     knowledge = "omniscient"
+    blockwise = True
 
     def __init__(self, epsilon: float = 1.3, jitter: float = 0.0):
         self.epsilon = real("attack.epsilon", epsilon, lo=0.0, lo_open=True)
@@ -53,7 +54,8 @@ class IPM(ModelAttack):
         eps = np.full((byz.shape[0], 1), self.epsilon)
         if self.jitter:
             eps += ctx.rng.uniform(-self.jitter, self.jitter, size=eps.shape)
-        return -eps * known(honest).mean(axis=0)
+        mu = mean(known(honest))
+        return by_columns(byz.shape, byz.dtype, lambda c: -eps * mu[c])
 
 
 @ATTACKS.register
@@ -85,9 +87,10 @@ class FoE(ModelAttack):
 
     name = "foe"
     knowledge = "omniscient"
+    blockwise = True
 
     def __init__(self, q: float = -0.1):
         self.q = real("attack.q", q)
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        return np.broadcast_to(self.q * known(honest).mean(axis=0), byz.shape)
+        return np.broadcast_to(self.q * mean(known(honest)), byz.shape)

@@ -7,7 +7,7 @@ import numpy as np
 from fedring.validate import integer
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack, known
+from .base import ATTACKS, AttackContext, ModelAttack, float64_rows, known
 
 
 def mimic_target(honest: np.ndarray) -> int:
@@ -18,9 +18,11 @@ def mimic_target(honest: np.ndarray) -> int:
 
     z is computed exactly from the h x h Gram matrix of the centred gradients (its top
     eigenvector u gives z ∝ Cᵀu and |C z| ∝ |u|), so no random start and no sign ambiguity.
-    Ties go to the lowest index.
+    Ties go to the lowest index. The Gram matrix needs the centred rows in float64 as one array:
+    the one float64 (h, d) array this makes, centred in place.
     """
-    centred = honest - honest.mean(axis=0)
+    centred = float64_rows(honest)  # a copy: the attackers send one of the rows
+    centred -= centred.mean(axis=0)
     _, vecs = np.linalg.eigh(centred @ centred.T)
     return int(np.argmax(np.abs(vecs[:, -1])))
 
@@ -58,6 +60,7 @@ class Mimic(ModelAttack):
 
     name = "mimic"
     knowledge = "omniscient"
+    blockwise = True
 
     def __init__(self, worker: int | None = None):
         self.worker = None if worker is None else integer("attack.worker", worker, lo=0)

@@ -6,7 +6,7 @@ import numpy as np
 
 from fedring.validate import choice, real
 
-from .base import ATTACKS, AttackContext, ModelAttack, known, std
+from .base import ATTACKS, AttackContext, ModelAttack, float64_rows, known, mean, std
 
 PERTURBATIONS = ("unit_vec", "std", "sign")
 
@@ -14,9 +14,10 @@ PERTURBATIONS = ("unit_vec", "std", "sign")
 def perturbation(honest: np.ndarray, kind: str) -> np.ndarray:
     r"""The direction dev with :math:`\nabla^p = -\text{dev}`: μ/‖μ‖₂, sign(μ) or std (ddof = 1).
 
-    A zero mean gives a zero unit vector (the attack then sends μ).
+    A zero mean gives a zero unit vector (the attack then sends μ). In float64, whatever the
+    dtype of ``honest``.
     """
-    mu = honest.mean(axis=0)
+    mu = mean(honest)
     if kind == "unit_vec":
         norm = np.linalg.norm(mu)
         return mu / norm if norm > 0 else np.zeros_like(mu)
@@ -26,7 +27,13 @@ def perturbation(honest: np.ndarray, kind: str) -> np.ndarray:
 
 
 def min_max_sum_gamma(
-    honest: np.ndarray, kind: str, dev: np.ndarray, gamma_init: float = 10.0, tol: float = 1e-5, bound: str = "max"
+    honest: np.ndarray,
+    kind: str,
+    dev: np.ndarray,
+    gamma_init: float = 10.0,
+    tol: float = 1e-5,
+    bound: str = "max",
+    overwrite: bool = False,
 ) -> float:
     r"""The largest γ found by the authors' search such that μ − γ·dev meets the constraint.
 
@@ -46,8 +53,13 @@ def min_max_sum_gamma(
     so γ ∈ (0, 2 γ_init). Returns γ_succ (0 when no γ tried satisfied the constraint).
     With c_i = g_i − μ, ‖μ − γ·dev − g_i‖² = ‖c_i‖² + 2γ⟨c_i, dev⟩ + γ²‖dev‖², so each trial
     costs O(h) after one O(h d) pass.
+
+    The distances need the centred rows in float64 as one array (a Gram product in column
+    blocks would sum in another order): a float64 copy of ``honest`` centred in place, or, with
+    ``overwrite``, ``honest`` itself if it is a C-contiguous float64 array.
     """
-    centred = honest - honest.mean(axis=0)
+    centred = float64_rows(honest, overwrite)
+    centred -= centred.mean(axis=0)
     gram = centred @ centred.T
     sq = np.diag(gram).copy()
     pair = np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0)
@@ -107,6 +119,8 @@ class MinMax(ModelAttack):
 
     name = "minmax"
     knowledge = "omniscient"
+    blockwise = True
+    overwrites_honest = True
     constraint = "minmax"
 
     def __init__(self, perturbation: str = "std", gamma_init: float = 10.0, tol: float = 1e-5):
@@ -115,15 +129,17 @@ class MinMax(ModelAttack):
         self.tol = real("attack.tol", tol, lo=0.0, lo_open=True)
         self.bound = "max"
 
-    def gamma(self, honest: np.ndarray) -> tuple[float, np.ndarray]:
-        """γ* and dev for these honest gradients."""
+    def gamma(self, honest: np.ndarray, overwrite: bool = False) -> tuple[float, np.ndarray]:
+        """γ* and dev for these honest gradients (``overwrite``: centre ``honest`` in place)."""
         dev = perturbation(honest, self.perturbation)
-        return min_max_sum_gamma(honest, self.constraint, dev, self.gamma_init, self.tol, self.bound), dev
+        gamma = min_max_sum_gamma(honest, self.constraint, dev, self.gamma_init, self.tol, self.bound, overwrite)
+        return gamma, dev
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         honest = known(honest)
-        gamma, dev = self.gamma(honest)
-        return np.broadcast_to(honest.mean(axis=0) - gamma * dev, byz.shape)
+        mu = mean(honest)
+        gamma, dev = self.gamma(honest, overwrite=True)
+        return np.broadcast_to(mu - gamma * dev, byz.shape)
 
 
 @ATTACKS.register

@@ -78,15 +78,18 @@ class Adversary:
             aggregator_name=self.cfg.aggregator,
         )
 
-    def learn(self, grads: np.ndarray, omniscient: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
+    def learn(
+        self, grads: np.ndarray, omniscient: bool, dtype: np.dtype | type = np.float64
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
         """Over the side channel, on rank 0: the Byzantine clients' rows and, for an omniscient
-        attack, the honest rows already in float64 (the attacks' dtype), each row cast as its
-        rank's block arrives, so rank 0 never holds all n rows besides; (None, None) elsewhere."""
+        attack, the honest rows in ``dtype`` (the clients' own, or float64 for an attack that is
+        not ``blockwise`` or centres them in place), each row copied as its rank's block arrives, so rank 0 never holds
+        all n rows besides; (None, None) elsewhere."""
         byz = honest = None
         if self.net.layout.rank == 0:
             byz = np.empty((len(self.byzantine), *grads.shape[1:]), grads.dtype)
             if omniscient:
-                honest = np.empty((self.cfg.n_clients - len(self.byzantine), *grads.shape[1:]), np.float64)
+                honest = np.empty((self.cfg.n_clients - len(self.byzantine), *grads.shape[1:]), dtype)
         for first, block in self.net.gather_blocks(grads, "adversary"):
             for k, client in enumerate(range(first, first + len(block))):
                 before = int(np.searchsorted(self.byzantine, client))  # Byzantine clients with smaller ids
@@ -108,10 +111,12 @@ class Adversary:
                 grads[k] = attack(grads[k : k + 1], None, self.context(rng, t))[0]
             return
         crafted = None
-        byz, honest = self.learn(grads, omniscient=attack.knowledge == "omniscient")
+        # float64 honest rows, cast as they arrive, for an attack that centres them in place
+        dtype = grads.dtype if attack.blockwise and not attack.overwrites_honest else np.float64
+        byz, honest = self.learn(grads, attack.knowledge == "omniscient", dtype)
         if byz is not None:
             rng = generator(self.cfg.seed, Stream.ATTACK, step=t)
-            crafted = attack(byz, honest, self.context(rng, t, reference))
+            crafted = attack(byz, honest, self.context(rng, t, reference), overwrite_honest=True)
             del byz, honest  # before the scatter and the server's own gather
         mine = self.net.scatter_from_server(crafted, self.byzantine, "adversary", grads.shape[1:], grads.dtype)
         grads[local] = mine
