@@ -196,6 +196,41 @@ def test_ring_over_cohorts_on_three_ranks(tmp_path):
         assert results[0][k]["bytes"] == expected.tolist()
 
 
+# -------------------------------------------------------------------------------- one rank, in process
+
+
+def trainer(**settings):
+    from mpi4py import MPI
+
+    from fedring.config import Config
+    from fedring.train.task import TrainTask
+    from fedring.train.trainer import Trainer
+
+    cfg = Config(**{"dataset": "synthetic", "clients": 6, "rounds": 3, "quiet": True, **settings})
+    TrainTask(cfg, 1)
+    return Trainer(cfg, MPI.COMM_WORLD)
+
+
+@pytest.mark.parametrize("topology", ["ring", "server"])
+def test_members_train_the_others_keep_their_rows(topology):
+    """Momentum rows of non-members stay bit for bit, members' change; the update is the mean of the
+    members' uploads (the ring sums in another order: within float rounding); BatchNorm statistics
+    become the members' mean."""
+    from fedring.train.loop import train_round
+
+    tr = trainer(topology=topology, momentum=0.9, participation=0.5, model="cnn_bn")
+    for t in range(3):
+        before = tr.client_state["m"].copy()
+        result = train_round(tr, t)
+        member = result.cohort.member
+        assert member.sum() == 3 and result.updated
+        np.testing.assert_array_equal(tr.client_state["m"][~member], before[~member])
+        assert (tr.client_state["m"][member] != before[member]).any(axis=1).all()
+        mean = tr.grads[member].mean(axis=0)
+        np.testing.assert_allclose(result.update, mean, rtol=0, atol=1e-6 * np.abs(mean).max())
+        np.testing.assert_array_equal(tr.buffers.shared, tr.buffers.rows[member].sum(axis=0) / 3)
+
+
 # ------------------------------------------------------------------------------ end-to-end runs
 
 SMALL = ["--dataset", "synthetic", "--clients", "9", "--rounds", "6", "--eval-every", "2", "--quiet"]

@@ -78,8 +78,10 @@ class RingTopology:
             self.cohort_rules[m] = RING_RULES.build(self.name, params, key="aggregator", n_clients=m, seed=self.seed)
         return self.cohort_rules[m]
 
-    def reference_rule(self, X: np.ndarray, reference: np.ndarray | None = None, f: int | None = None) -> np.ndarray:
-        return self.rule_for(len(X)).centralized(X)
+    def reference_rule(
+        self, X: np.ndarray, reference: np.ndarray | None = None, cohort: Cohort | None = None
+    ) -> np.ndarray:
+        return (self.rule if cohort is None else self.rule_for(cohort.size)).centralized(X)
 
     def aggregate(
         self, grads: np.ndarray, t: int, reference: np.ndarray | None, cohort: Cohort | None = None
@@ -150,8 +152,10 @@ class ServerTopology:
     def needs_reference(self) -> bool:
         return self.rule.needs_reference
 
-    def reference_rule(self, X: np.ndarray, reference: np.ndarray | None = None, f: int | None = None) -> np.ndarray:
-        rule = self.rule if f is None else self.rule.with_f(f)
+    def reference_rule(
+        self, X: np.ndarray, reference: np.ndarray | None = None, cohort: Cohort | None = None
+    ) -> np.ndarray:
+        rule = self.rule if cohort is None else self.rule.with_f(cohort.f)
         return rule.aggregate(X, state=None, reference=reference, rng=fixed_generator(Stream.WHAT_IF)).vector
 
     def aggregate(

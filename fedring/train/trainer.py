@@ -79,7 +79,7 @@ class Adversary:
             f=f,
             lr=self.lr_at(t),
             round=t,
-            aggregator=lambda X: self.topology.reference_rule(X, reference, None if cohort is None else f),
+            aggregator=lambda X: self.topology.reference_rule(X, reference, cohort),
             aggregator_name=self.cfg.aggregator,
         )
 
