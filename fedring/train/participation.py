@@ -95,8 +95,11 @@ def read_availability(path: str, rounds: int, n_clients: int) -> np.ndarray:
 def check_settings(participation, availability, availability_file, cohort_f, rounds: int, n_clients: int) -> None:
     """Validate the participation settings before any work (one-line :class:`ConfigError` naming the key)."""
     check.real("participation", participation, lo=0, lo_open=True)
-    if participation > 1:
-        check.integer("participation", participation, lo=2, hi=n_clients)
+    if participation > 1 and (not float(participation).is_integer() or participation > n_clients):
+        raise ConfigError(
+            "participation",
+            f"a fraction in (0, 1] or a whole count of clients in [2, {n_clients}], got {check.shown(participation)}",
+        )
     check.real("availability", availability, lo=0, hi=1, lo_open=True)
     check.choice("cohort_f", cohort_f, COHORT_F)
     if availability_file is not None:
