@@ -37,7 +37,7 @@ class Aggregation:
     selected: np.ndarray | None = None
     figures: dict = field(default_factory=dict)
     rows: dict = field(default_factory=dict)
-    #: False when the round has no update (a cohort too small for the rule): the model stays
+    #: False when the round has no update (an empty cohort, or one too small for the rule): the model stays
     updated: bool = True
 
 
