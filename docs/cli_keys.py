@@ -65,15 +65,25 @@ NO_OPTION_MEANING = {
     "clip_norm": "clip every local mini-batch gradient to this L2 norm (unset: no clipping)",
     "server_optimizer": "what the replicas do with the aggregate: `sgd` (`w -= lr_t g`), `momentum`, `adam`, "
     "`yogi`, `adagrad`; parameters in the section named after it (table below)",
+    "participation": "clients per round: a fraction in (0, 1] of all clients (max(1, round(p x clients))) or a "
+    "whole count in [2, clients], drawn from the seed and the round among the available ones; 1.0: every client "
+    "(the files of earlier releases); docs/training.md#client-sampling-and-availability",
+    "availability": "probability in (0, 1] that a client is available in a round (drawn from the seed and the "
+    "round); 1.0: always",
+    "availability_file": "a `.npy` or `.csv` table of at least `rounds` rows of `clients` 0/1 entries: who is "
+    "available in each round (instead of `availability`)",
+    "cohort_f": "the f a server rule is told for a round's cohort of m clients: `scaled` (ceil(f x m / clients)) "
+    "or `declared` (f itself)",
 }
 
 #: the ring rules' keys (fedring/comm/brace.py reads them with params.get, so no signature holds them)
 RING_KEY_MEANING = {
     "lambda": "threshold of the consensus map: `+1 if S > lambda else -1` (the paper's eq. 1); any finite "
-    "number. The paper's value for 100 clients",
+    "number; a round's cohort of m clients uses lambda x m / clients. The paper's value for 100 clients",
     "rule": "`paper` (eq. 1, two-valued) or `symmetric` (`+1 if S > lambda`, `-1 if S < -lambda`, else 0; "
     "not in the paper; needs lambda >= 0)",
-    "theta": "integer >= 0: `rho * sign(S)` with `rho = +1 if abs(S) >= theta else -1`; default ceil(0.2 n)",
+    "theta": "integer >= 0: `rho * sign(S)` with `rho = +1 if abs(S) >= theta else -1`; default ceil(0.2 n); "
+    "a round's cohort of m clients uses ceil(theta x m / clients) (default ceil(0.2 m))",
     "sign_zero": "the vote of a coordinate that is exactly 0 or not finite: 0 (abstain), 1 or -1",
     "check": "`on`/`off` (or true/false): the Share-Reduce integrity check (range and parity of the counts)",
     "relay_attack": "beyond the paper: `none`, `bias` (Byzantine relays add `relay_bias` to the counts they "

@@ -64,6 +64,10 @@ class Config:
     threads: int = 1
     device: str = "cpu"
     batched_clients: int | None = None  # clients per vmap call; unset: one client at a time
+    participation: float = 1.0  # clients per round: a fraction in (0, 1] or a count (fedring.train.participation)
+    availability: float = 1.0  # the probability that a client is available in a round
+    availability_file: str | None = None  # a rounds x clients 0/1 table of who is available
+    cohort_f: str = "scaled"  # the f a server rule is told for a cohort: scaled or declared
     checkpoint_every: int = 10
     stop_grace: float = 30.0
     out: str | None = None

@@ -45,6 +45,9 @@ class Stream(IntEnum):
     PARTITION = 0x9A27  # the non-IID split of the training set
     VALIDATION = 0xFA1  # a client's validation samples (per client; step 0: drawn once)
     RELAY_FLIP = 0xF11B  # a Byzantine relay's sign flips in BRACE's Share-Only (per client and round)
+    # training, per round (run-wide): who takes part (fedring.train.participation)
+    AVAILABILITY = 0xA7A1  # which clients are available (availability < 1)
+    COHORT = 0xC047  # the round's cohort among the available clients (participation < 1)
     # training, the same in every run and round (fixed_generator): kept from 0.2.0, whose results it fixes
     WHAT_IF = 0  # a server rule applied to what-if rows (an aggregator-aware attack's view of the server)
     # PRISM-FCP (fedring.conformal.prism): step = trial

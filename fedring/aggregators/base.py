@@ -143,8 +143,17 @@ class Aggregator:
         selected = np.zeros(n) if self.selects else None
         if keep.size == 0 or rule.check(keep.size) is not None:
             return AggregateResult(np.zeros(d, X.dtype), selected, excluded)
+        result = self.aggregate_part(rule, X[keep], keep, state, reference, rng)
+        if selected is not None:
+            selected[keep] = result.selected
+        return AggregateResult(result.vector, selected, excluded)
+
+    def aggregate_part(self, rule: Aggregator, rows, keep: np.ndarray, state: dict, reference, rng) -> AggregateResult:
+        """``rule`` (this rule, maybe told another ``f``) on ``rows``, the rows of the clients ``keep``
+        (sorted ids) only: per-client state (``client_state``) of the other clients is left as it was.
+        The non-finite policy and client sampling (``docs/training.md``) aggregate this way."""
         part = {**state, **{k: np.take(state[k], keep, axis=axis) for k, axis in self.client_state.items()}}
-        result = rule.aggregate(X[keep], state=part, reference=reference, rng=rng)
+        result = rule.aggregate(rows, state=part, reference=reference, rng=rng)
         for key, value in part.items():
             if key in self.client_state:
                 index: list[slice | np.ndarray] = [slice(None)] * value.ndim
@@ -152,9 +161,7 @@ class Aggregator:
                 state[key][tuple(index)] = value
             else:
                 state[key] = value
-        if selected is not None:
-            selected[keep] = result.selected
-        return AggregateResult(result.vector, selected, excluded)
+        return result
 
     def __call__(self, X: Any, **kw) -> np.ndarray:
         return self.aggregate(X, **kw).vector

@@ -438,6 +438,12 @@ class SignRule(RingRule):
             counted = counted.summed(net.comm)
         return RingResult(update, self.figures(d, update, counted), self.per_client(counted))
 
+    def idle(self, d: int) -> RingResult:
+        counted = RelayCounts(np.zeros(self.n_clients, np.int64))
+        update = np.zeros(d, np.float32)
+        figures = {k: np.nan if isinstance(v, float) else 0 for k, v in self.figures(d, update, counted).items()}
+        return RingResult(update, figures, self.per_client(counted))
+
     def _scratch(self, name: str, shape: tuple, dtype) -> np.ndarray:
         """A work buffer kept across rounds (never handed out)."""
         buf = self._buffers.get(name)
@@ -553,6 +559,17 @@ class Brace(SignRule):
     own_keys = ("lambda", "rule")
     params = own_keys + COMMON_KEYS
 
+    @classmethod
+    def cohort_params(cls, params: dict, m: int, n: int) -> dict:
+        """Relative to a cohort of ``m`` of the ``n`` clients, the threshold of eq. (1)-(3) is
+        ``lambda * m / n``: the same fraction of the largest count (docs/brace.md, client sampling).
+
+        >>> Brace.cohort_params({"lambda": 5}, 20, 100)
+        {'lambda': 1.0}
+        """
+        lam = real(f"{cls.name}.lambda", params.get("lambda", 5))
+        return {**params, "lambda": lam * m / n}
+
     def configure(self, get) -> None:
         value, key = get("lambda", 5)
         self.lam = real(key, value)
@@ -595,6 +612,18 @@ class RLR(SignRule):
     name = "rlr"
     own_keys = ("theta",)
     params = own_keys + COMMON_KEYS
+
+    @classmethod
+    def cohort_params(cls, params: dict, m: int, n: int) -> dict:
+        """Relative to a cohort of ``m`` of the ``n`` clients, a given ``theta`` becomes
+        ``ceil(theta * m / n)`` (the default is already ``ceil(0.2 m)`` for ``m`` clients).
+
+        >>> RLR.cohort_params({"theta": 20}, 15, 100), RLR.cohort_params({}, 15, 100)
+        ({'theta': 3}, {})
+        """
+        if params.get("theta") is None:
+            return params
+        return {**params, "theta": -(-integer(f"{cls.name}.theta", params["theta"], lo=0) * m // n)}
 
     def configure(self, get) -> None:
         theta, key = get("theta", None)

@@ -91,17 +91,20 @@ class Layout:
     """Which rank hosts which logical clients.
 
     Rank ``r`` hosts clients ``lo .. hi-1``, contiguous blocks in ``array_split`` order, so
-    the first ranks host one client more when ``size`` does not divide ``n_clients``.
+    the first ranks host one client more when ``size`` does not divide ``n_clients``; or the
+    blocks ``bounds`` (``size + 1`` offsets, each block non-empty: :meth:`Network.over`).
     """
 
-    def __init__(self, n_clients: int, comm: MPI.Comm | None = None):
+    def __init__(self, n_clients: int, comm: MPI.Comm | None = None, bounds: np.ndarray | None = None):
         comm = MPI.COMM_WORLD if comm is None else comm
-        fills_ranks("clients", n_clients, comm.size)
+        if bounds is None:
+            fills_ranks("clients", n_clients, comm.size)
+            bounds = block_bounds(n_clients, comm.size)
         self.comm = comm
         self.n_clients = n_clients
         self.rank = comm.rank
         self.size = comm.size
-        self.bounds = block_bounds(n_clients, comm.size)
+        self.bounds = bounds
         self.lo = int(self.bounds[self.rank])
         self.hi = int(self.bounds[self.rank + 1])
 
@@ -157,6 +160,25 @@ class Ledger:
         self.server.clear()
 
 
+class SubLedger(Ledger):
+    """The ledger of a network over some clients (:meth:`Network.over`): its client ``j`` is client
+    ``ids[j]`` of the ledger ``parent``, which books every byte."""
+
+    def __init__(self, parent: Ledger, ids: np.ndarray):
+        super().__init__(len(ids))
+        self.parent, self.ids = parent, ids
+
+    def add(self, client: int, phase: str, nbytes: int) -> None:
+        self.parent.add(int(self.ids[client]), phase, nbytes)
+
+    def add_server(self, phase: str, nbytes: int) -> None:
+        self.parent.add_server(phase, nbytes)
+
+
+#: communicators over subsets of the ranks that a :class:`Network` keeps (:meth:`Network.over`)
+MAX_SUBSETS = 32
+
+
 def _timed(method):
     """Add the seconds spent in ``method`` to ``self.timer`` when it is a number (None: untimed)."""
 
@@ -186,14 +208,49 @@ class Network:
     """
 
     def __init__(
-        self, layout: Layout, ledger: Ledger | None = None, wait: str | None = None, segment: int | None = None
+        self,
+        layout: Layout,
+        ledger: Ledger | None = None,
+        wait: str | None = None,
+        segment: int | None = None,
+        comm: MPI.Comm | None = None,
     ):
         self.layout = layout
         self.ledger = Ledger(layout.n_clients) if ledger is None else ledger
         self.wait, self.segment = wait_policy(wait), segment_bytes(segment)
-        self.comm = layout.comm.Dup()
+        self.comm = layout.comm.Dup() if comm is None else comm  # ``comm``: private already
         self._scratch = np.empty(0, np.uint8)
         self.timer: float | None = None
+        self._subsets: dict[tuple[int, ...], MPI.Comm] = {}
+
+    def over(self, clients: np.ndarray) -> Network | None:
+        """A network whose ``m`` clients are the sorted ids ``clients``: its client ``j`` is client
+        ``clients[j]``, on the rank that hosts it, and its bytes are booked in this network's ledger.
+        Ranks that host none of them get None and take no part in its messages.
+
+        Collective over every rank the first time a set of hosting ranks comes up (an MPI
+        ``Comm.Split`` of this network's communicator, kept for later rounds; the
+        :data:`MAX_SUBSETS` most recent sets are kept); every rank must call it with the same ``clients``.
+        """
+        lay = self.layout
+        counts = np.diff(np.searchsorted(clients, lay.bounds))
+        ranks = tuple(int(r) for r in np.flatnonzero(counts))
+        if len(ranks) == lay.size:
+            comm = self.comm
+        elif ranks in self._subsets:
+            comm = self._subsets[ranks]
+        else:
+            if len(self._subsets) == MAX_SUBSETS:  # the same on every rank: the oldest set goes
+                oldest = self._subsets.pop(next(iter(self._subsets)))
+                if oldest != MPI.COMM_NULL:
+                    oldest.Free()
+            comm = self.comm.Split(0 if counts[lay.rank] else MPI.UNDEFINED, lay.rank)
+            self._subsets[ranks] = comm
+        if not counts[lay.rank]:
+            return None
+        bounds = np.concatenate([[0], np.cumsum(counts[list(ranks)])])
+        sub = Layout(len(clients), comm, bounds)
+        return Network(sub, SubLedger(self.ledger, clients), self.wait, self.segment, comm=comm)
 
     def complete(self, requests: list[MPI.Request]) -> None:
         """Wait for ``requests`` under the wait policy."""
@@ -408,11 +465,13 @@ class Network:
             yield int(lay.bounds[r]), block
 
     @_timed
-    def broadcast_from_server(self, vec: ArrayLike | None, phase: str, shape, dtype) -> np.ndarray:
+    def broadcast_from_server(
+        self, vec: ArrayLike | None, phase: str, shape, dtype, receivers: int | None = None
+    ) -> np.ndarray:
         """The server (rank 0) sends ``vec`` to every client; returns it on every rank.
 
-        Counted as ``n`` messages from the server, one per logical client; physically one
-        message per rank carries it.
+        Counted as ``n`` messages from the server, one per logical client (or ``receivers``
+        messages, one per client of a round's cohort); physically one message per rank carries it.
         """
         lay = self.layout
         problem = None
@@ -422,7 +481,7 @@ class Network:
         self.agree(problem)
         if lay.rank == 0:
             vec = np.ascontiguousarray(vec, dtype=dtype).reshape(shape)
-            self.ledger.add_server(phase, vec.nbytes * self.n_clients)
+            self.ledger.add_server(phase, vec.nbytes * (self.n_clients if receivers is None else receivers))
             self.complete([q for r in range(1, lay.size) for q in self._isend(vec, r)])
             return vec
         out = np.empty(shape, dtype)

@@ -127,11 +127,24 @@ class RingRule:
     params: tuple[str, ...] = ()
     round = 0
 
+    @classmethod
+    def cohort_params(cls, params: dict, m: int, n: int) -> dict:
+        """The settings ``params`` of a run of ``n`` clients, read relative to a round's cohort of ``m``
+        of them (client sampling, ``docs/training.md``): the rule is built from these for ``m`` clients.
+        Rules without a count threshold take them as they are."""
+        return params
+
     def set_byzantine(self, clients) -> None:
         """The Byzantine clients, for rules whose relays can misbehave."""
 
     def aggregate(self, net: Network, grads: np.ndarray) -> RingResult:
         raise NotImplementedError
+
+    def idle(self, d: int) -> RingResult:
+        """What a round without clients (an empty cohort) reports: no update; the rule's figures as
+        NaN (integers as 0) and its per-client rows as zeros, so that every ``/ring`` dataset keeps
+        one row per round."""
+        return RingResult(np.zeros(d, np.float32))
 
     def __call__(self, net: Network, grads: np.ndarray) -> np.ndarray:
         return self.aggregate(net, grads).update

@@ -9,7 +9,8 @@ optimizer rows: the per-step clipping, weight decay and momentum are
 
 Chunks are aligned on client ids, not on a rank's block: chunk ``c`` is clients ``cB .. cB + B - 1``
 and client ``i`` sits in slot ``i mod B``. A rank that holds part of a chunk fills the other
-slots with a copy of one of its clients' batches and discards their results, so every call has
+slots (and those of clients that sit out the round) with a copy of one of its clients' batches
+and discards their results, so every call has
 the same shape and every client the same slot whatever the number of ranks: the same seed gives
 the same file on any number of ranks, for a given device and B. The results differ from the
 per-client loop's by float rounding (a batched kernel sums in another order), not bit for bit.
@@ -82,16 +83,19 @@ class BatchedClients:
             k += m
         return out
 
-    def round(self, t: int, batch_loss: np.ndarray) -> None:
-        """Round ``t``: every local client's upload into ``tr.grads``, its first batch loss into ``batch_loss``."""
+    def round(self, t: int, batch_loss: np.ndarray, taking: np.ndarray) -> None:
+        """Round ``t``: the upload of every local client that takes part (``taking``, per local client)
+        into ``tr.grads``, its first batch loss into ``batch_loss``. A chunk keeps its slots: a client
+        that sits out is a slot filled like another rank's."""
         lay = self.tr.layout
         for first in range(lay.lo - lay.lo % self.size, lay.hi, self.size):
-            self.chunk(t, first, batch_loss)
+            held = [c for c in range(first, first + self.size) if lay.lo <= c < lay.hi and taking[c - lay.lo]]
+            if held:
+                self.chunk(t, first, held, batch_loss)
 
-    def chunk(self, t: int, first: int, batch_loss: np.ndarray) -> None:
+    def chunk(self, t: int, first: int, held: list[int], batch_loss: np.ndarray) -> None:
         tr, B = self.tr, self.size
         lay, cfg = tr.layout, tr.cfg
-        held = [c for c in range(first, first + B) if lay.lo <= c < lay.hi]
         lr = np.float32(tr.lr_at(t))
         attack = tr.adversary.data_attack
         draws = {}

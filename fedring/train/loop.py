@@ -15,6 +15,7 @@ import numpy as np
 from fedring.aggregators import nonfinite_rows
 from fedring.job import Entry, Recorder
 
+from .participation import Cohort
 from .trainer import PER_RANK, Trainer
 
 
@@ -37,26 +38,37 @@ class RoundResult:
     selected: np.ndarray | None
     figures: dict
     rows: dict
+    #: the round's cohort (None: every client took part) and whether it had an update
+    cohort: Cohort | None = None
+    updated: bool = True
 
 
 def train_round(tr: Trainer, t: int) -> RoundResult:
-    """Round ``t``: clients compute updates, Byzantine ones attack, the topology aggregates, all apply."""
+    """Round ``t``: the cohort's clients compute updates, its Byzantine ones attack, the topology
+    aggregates, all apply. Without client sampling every client is in the cohort (``cohort`` None)."""
     tr.net.ledger.reset()
+    cohort = tr.cohort(t)
+    lay = tr.layout
+    taking = np.ones(lay.n_local, bool) if cohort is None else cohort.member[lay.lo : lay.hi]
     batch_loss = np.zeros(tr.cfg.n_clients)
     if tr.batched is not None:  # batched_clients: B clients per call (fedring.train.batched)
-        tr.batched.round(t, batch_loss)
+        tr.batched.round(t, batch_loss, taking)
     else:
-        for k, client in enumerate(tr.layout.local_clients):
-            batch_loss[client] = tr.client_gradient(k, t, tr.grads[k])
+        for k, client in enumerate(lay.local_clients):
+            if taking[k]:
+                batch_loss[client] = tr.client_gradient(k, t, tr.grads[k])
     reference = tr.reference_gradient()  # the server's clean-data gradient, for the rules that need one
-    tr.adversary.attack_model(tr.grads, t, reference)
+    tr.adversary.attack_model(tr.grads, t, reference, cohort)
     nonfinite = np.zeros(tr.cfg.n_clients, np.uint8)
-    nonfinite[tr.layout.lo : tr.layout.hi] = nonfinite_rows(tr.grads)
+    nonfinite[lay.lo : lay.hi] = nonfinite_rows(tr.grads) & taking
     with np.errstate(invalid="ignore", over="ignore"):  # non-finite uploads are recorded instead
-        agg = tr.topology.aggregate(tr.grads, t, reference)
+        agg = tr.topology.aggregate(tr.grads, t, reference, cohort)
     update_finite = bool(np.isfinite(agg.update).all())
-    tr.apply(agg.update, t)
-    return RoundResult(agg.update, batch_loss, nonfinite, update_finite, agg.selected, agg.figures, agg.rows)
+    if agg.updated:
+        tr.apply(agg.update, t, cohort)
+    return RoundResult(
+        agg.update, batch_loss, nonfinite, update_finite, agg.selected, agg.figures, agg.rows, cohort, agg.updated
+    )
 
 
 class TrainJob:
@@ -91,7 +103,9 @@ class TrainJob:
         client_bytes, server_bytes = tr.net.gather_ledger()
         nonfinite = tr.net.sum_to_server(result.nonfinite)
         evaluated = rnd % tr.cfg.eval_every == 0 or rnd == tr.cfg.rounds
-        scores = {**tr.evaluate(), "train_loss": tr.mean_batch_loss(result.batch_loss)} if evaluated else None
+        scores = (
+            {**tr.evaluate(), "train_loss": tr.mean_batch_loss(result.batch_loss, result.cohort)} if evaluated else None
+        )
         recorder.record(self.entries, t, result, client_bytes, server_bytes, nonfinite, scores, recorder.elapsed())
         return rnd
 
@@ -117,6 +131,10 @@ class TrainJob:
         }
         if result.selected is not None:
             rows["aggregation/selected"] = result.selected
+        if result.cohort is not None:
+            rows["participation/cohort"] = result.cohort.member.astype(np.uint8)
+            rows["participation/byzantine"] = np.int64(result.cohort.byzantine)
+            rows["participation/updated"] = np.uint8(result.updated)
         if scores is None:
             return [Entry(t + 1, {}, rows)]
         metrics = {

@@ -153,10 +153,15 @@ class ModelBuffers:
         if self.size:
             self.rows[k] = self.read()
 
-    def aggregate(self) -> None:
-        """End of a round: the shared statistics become the mean over the clients (``aggregate`` mode)."""
+    def aggregate(self, member: np.ndarray | None = None) -> None:
+        """End of a round: the shared statistics become the mean over the clients, or over the round's
+        cohort (``member``: a ``(n_clients,)`` bool mask; ``aggregate`` mode)."""
         if self.size and self.mode == "aggregate":
-            self.shared = allgather_rows(self.layout, self.rows).sum(axis=0) / self.layout.n_clients
+            rows = allgather_rows(self.layout, self.rows)
+            if member is None:
+                self.shared = rows.sum(axis=0) / self.layout.n_clients
+            else:
+                self.shared = rows[member].sum(axis=0) / member.sum()
             self.write(self.shared)
 
     def checkpoint(self) -> dict[str, np.ndarray | None]:

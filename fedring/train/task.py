@@ -111,6 +111,13 @@ def check_components(cfg: Config) -> None:
         )
 
 
+def check_participation(cfg: Config) -> None:
+    """Client sampling's settings (``docs/training.md``)."""
+    from .participation import check_settings
+
+    check_settings(cfg.participation, cfg.availability, cfg.availability_file, cfg.cohort_f, cfg.rounds, cfg.n_clients)
+
+
 @TASKS.register
 class TrainTask(Task):
     """Federated training over the ring or with a server (:mod:`fedring.train`)."""
@@ -175,6 +182,7 @@ class TrainTask(Task):
         if cfg.partition == "dirichlet" and not cfg.noniid > 0:
             raise ConfigError("noniid", f"Dirichlet alpha must be > 0, got {cfg.noniid}")
         check_components(cfg)
+        check_participation(cfg)
 
     def default_out(self) -> str:
         def short(name: str) -> str:  # an import path by its class name

@@ -21,6 +21,7 @@ from fedring.attacks import AttackContext, Backdoor, DataAttack, ModelAttack, ma
 from fedring.comm import Layout, Network
 from fedring.config import Config, byzantine_count, defence_f
 from fedring.datasets import DATASETS
+from fedring.errors import ConfigError
 from fedring.rng import Stream, generator
 
 from .batched import BatchedClients
@@ -28,6 +29,7 @@ from .data import FederatedData, Shard
 from .device import Staging, describe, select
 from .models import flatten, make_model
 from .optim import ClientOptimizer, make_server_optimizer
+from .participation import Cohort, from_config
 from .schedules import make_schedule
 from .state import ModelBuffers, checkpoint_rows, rows_from_file
 from .topology import RingTopology, ServerTopology, make_topology
@@ -67,24 +69,39 @@ class Adversary:
     def poisons(self, client: int) -> bool:
         return self.data_attack is not None and self.is_byzantine[client]
 
-    def context(self, rng: np.random.Generator, t: int, reference: np.ndarray | None = None) -> AttackContext:
+    def context(
+        self, rng: np.random.Generator, t: int, reference: np.ndarray | None = None, cohort: Cohort | None = None
+    ) -> AttackContext:
+        n, f = (self.cfg.n_clients, self.f) if cohort is None else (cohort.size, cohort.f)
         return AttackContext(
             rng=rng,
-            n=self.cfg.n_clients,
-            f=self.f,
+            n=n,
+            f=f,
             lr=self.lr_at(t),
             round=t,
-            aggregator=lambda X: self.topology.reference_rule(X, reference),
+            aggregator=lambda X: self.topology.reference_rule(X, reference, cohort),
             aggregator_name=self.cfg.aggregator,
         )
+
+    def attacking(self, cohort: Cohort | None) -> np.ndarray:
+        """The Byzantine clients that attack this round: all, or the cohort's, and none when the
+        attack is undefined for the cohort (:meth:`fedring.attacks.ModelAttack.check`)."""
+        if cohort is None:
+            return self.byzantine
+        if cohort.byzantine and self.model_attack is not None:
+            try:
+                self.model_attack.check(cohort.size, cohort.byzantine, cohort.f)
+            except ConfigError:
+                return self.byzantine[:0]
+        return self.byzantine[cohort.member[self.byzantine]]
 
     def learn(
         self, grads: np.ndarray, omniscient: bool, dtype: np.dtype | type = np.float64
     ) -> tuple[np.ndarray | None, np.ndarray | None]:
         """Over the side channel, on rank 0: the Byzantine clients' rows and, for an omniscient
         attack, the honest rows in ``dtype`` (the clients' own, or float64 for an attack that is
-        not ``blockwise`` or centres them in place), each row copied as its rank's block arrives, so rank 0 never holds
-        all n rows besides; (None, None) elsewhere."""
+        not ``blockwise`` or centres them in place), each row copied as its rank's block arrives,
+        so rank 0 never holds all n rows besides; (None, None) elsewhere."""
         byz = honest = None
         if self.net.layout.rank == 0:
             byz = np.empty((len(self.byzantine), *grads.shape[1:]), grads.dtype)
@@ -98,27 +115,34 @@ class Adversary:
                     rows[slot] = block[k]
         return byz, honest
 
-    def attack_model(self, grads: np.ndarray, t: int, reference: np.ndarray | None) -> None:
-        """Replace the Byzantine clients' rows of ``grads`` (this rank's clients) in place."""
+    def attack_model(
+        self, grads: np.ndarray, t: int, reference: np.ndarray | None, cohort: Cohort | None = None
+    ) -> None:
+        """Replace the Byzantine clients' rows of ``grads`` (this rank's clients) in place; with a
+        ``cohort``, those of its Byzantine members, which learn only its honest members' rows."""
         attack = self.model_attack
-        if attack is None:
+        attackers = self.attacking(cohort)
+        if attack is None or not len(attackers):
             return
         lay = self.net.layout
-        local = [k for k, c in enumerate(lay.local_clients) if self.is_byzantine[c]]
+        local = [c - lay.lo for c in attackers if lay.lo <= c < lay.hi]
         if attack.knowledge == "own":
             for k in local:
                 rng = generator(self.cfg.seed, Stream.ATTACK, client=lay.lo + k, step=t)
-                grads[k] = attack(grads[k : k + 1], None, self.context(rng, t))[0]
+                grads[k] = attack(grads[k : k + 1], None, self.context(rng, t, cohort=cohort))[0]
             return
         crafted = None
         # float64 honest rows, cast as they arrive, for an attack that centres them in place
         dtype = grads.dtype if attack.blockwise and not attack.overwrites_honest else np.float64
         byz, honest = self.learn(grads, attack.knowledge == "omniscient", dtype)
         if byz is not None:
+            if cohort is not None:  # the cohort's rows only
+                byz = byz[cohort.member[self.byzantine]]
+                honest = None if honest is None else honest[cohort.member[~self.is_byzantine]]
             rng = generator(self.cfg.seed, Stream.ATTACK, step=t)
-            crafted = attack(byz, honest, self.context(rng, t, reference), overwrite_honest=True)
+            crafted = attack(byz, honest, self.context(rng, t, reference, cohort), overwrite_honest=True)
             del byz, honest  # before the scatter and the server's own gather
-        mine = self.net.scatter_from_server(crafted, self.byzantine, "adversary", grads.shape[1:], grads.dtype)
+        mine = self.net.scatter_from_server(crafted, attackers, "adversary", grads.shape[1:], grads.dtype)
         grads[local] = mine
 
 
@@ -162,6 +186,14 @@ class Trainer:
         self.rows_comm = comm.Dup()  # checkpoint rows, apart from the protocol's messages
         self.buffers = ModelBuffers(self.model, cfg.bn_stats, self.layout)
         self.batched = None if cfg.batched_clients is None else BatchedClients(self, cfg.batched_clients)
+        participation = from_config(cfg)
+        self.participation = None if participation.everyone else participation
+
+    def cohort(self, t: int) -> Cohort | None:
+        """Round ``t``'s cohort (:mod:`fedring.train.participation`); None when every client takes part."""
+        if self.participation is None:
+            return None
+        return self.participation.draw(t, self.adversary.is_byzantine, defence_f(self.cfg))
 
     def checkpoint_arrays(self) -> dict:
         """Collective: what a resumed run needs besides the round, on rank 0: the model, the
@@ -277,14 +309,14 @@ class Trainer:
         self.stage.grad_into(self.model, out)
         return out
 
-    def apply(self, update: np.ndarray, t: int) -> None:
+    def apply(self, update: np.ndarray, t: int, cohort: Cohort | None = None) -> None:
         """``w <- w - step`` of the server optimizer on the round's aggregate (every replica alike), and
-        the round's BatchNorm statistics."""
+        the round's BatchNorm statistics (the ``cohort``'s, when one is given)."""
         eta = self.server_opt.eta(self.cfg.lr, self.schedule.factor(t, self.cfg.rounds))
         step, self.server_state = self.server_opt.update(self.server_state, update, eta)
         self.w -= step
         self.stage.load(self.model, self.w)
-        self.buffers.aggregate()
+        self.buffers.aggregate(None if cohort is None else cohort.member)
 
     def weight_mean_change(self) -> float:
         """Drift diagnostic: the mean over coordinates of ``w_t - w_0``."""
@@ -330,8 +362,11 @@ class Trainer:
             out["attack_success_rate"] = total[3] / max(total[4], 1)
         return out
 
-    def mean_batch_loss(self, batch_loss: np.ndarray) -> float:
-        """Collective: the mean over every client of ``batch_loss`` (each rank fills its clients' entries)."""
+    def mean_batch_loss(self, batch_loss: np.ndarray, cohort: Cohort | None = None) -> float:
+        """Collective: the mean over every client, or the ``cohort``'s members (NaN for an empty one),
+        of ``batch_loss`` (each rank fills its clients' entries)."""
         total = batch_loss.copy()
         self.comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+        if cohort is not None:
+            return float(total.sum() / cohort.size) if cohort.size else float("nan")
         return float(total.sum() / self.cfg.n_clients)
