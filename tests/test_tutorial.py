@@ -59,7 +59,7 @@ def test_tutorial_runs_as_written(tmp_path, slurm_cluster):
         assert proc.returncode == 0, f"{text}\nexit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     with h5py.File(tmp_path / "results/long.h5") as f:  # interrupted, then resumed without --plugin
         assert f.attrs["status"] == "complete" and json.loads(f.attrs["config"])["plugins"] == ["mylab"]
-        assert f["metrics/round"][-1] == 400
+        assert f["metrics/round"][-1] == 120
     grid = sorted((tmp_path / "results/grid").glob("*.h5"))
     assert len(grid) == 3
     for path in grid:
