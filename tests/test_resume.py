@@ -78,26 +78,39 @@ def reference(references):
     return snapshot(references / "ref.h5")
 
 
+#: runs crashed in a round (0-based) and resumed: name -> (settings, round); the stateful rules crash in round 6
+CRASHES = {"round-1": (RUN, 1), "round-6": (RUN, 6), **{rule: (rule_settings(rule), 5) for rule in RULES}}
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """Each of CRASHES crashed on 2 ranks (a job each), then all resumed in one 2-rank job:
+    the directory of the files (``{name}.h5``) and each one's status after its crash."""
+    root = tmp_path_factory.mktemp("resumed")
+    status, resumes = {}, {}
+    for name, (settings, round_) in CRASHES.items():
+        out = root / f"{name}.h5"
+        crash_at_round(root, 2, round_, [*settings, "--out", str(out)])
+        status[name] = snapshot(out)["status"]
+        resumes[name] = [*settings, "--out", str(out), "--resume"]
+    assert fedring_many(2, resumes, root)[0] == dict.fromkeys(resumes, 0)
+    return root, status
+
+
 @pytest.mark.parametrize("crash_round", [1, 6])
-def test_resume_after_crash_is_bit_exact(tmp_path, reference, crash_round):
-    out = tmp_path / "run.h5"
-    proc = crash_at_round(tmp_path, 2, crash_round, [*RUN, "--out", str(out)])
-    assert proc.returncode != 0
-    assert snapshot(out)["status"] == "failed"
-    fedring(2, *RUN, "--out", str(out), "--resume")
-    assert snapshot(out) == reference
+def test_resume_after_crash_is_bit_exact(resumed, reference, crash_round):
+    root, status = resumed
+    assert status[f"round-{crash_round}"] == "failed"
+    assert snapshot(root / f"round-{crash_round}.h5") == reference
 
 
 @pytest.mark.parametrize("rule", list(RULES))
-def test_resume_keeps_the_aggregator_state(tmp_path, references, rule):
+def test_resume_keeps_the_aggregator_state(resumed, references, rule):
     """Stateful server rules (previous aggregate, FL-Detector's history) and BRACE's per-round
     relay draws and rows resume exactly."""
-    settings = rule_settings(rule)
-    out = tmp_path / "run.h5"
-    proc = crash_at_round(tmp_path, 2, 5, [*settings, "--out", str(out)])
-    assert proc.returncode != 0
-    fedring(2, *settings, "--out", str(out), "--resume")
-    assert snapshot(out) == snapshot(references / f"{rule}.h5")
+    root, status = resumed
+    assert status[rule] == "failed"
+    assert snapshot(root / f"{rule}.h5") == snapshot(references / f"{rule}.h5")
 
 
 def test_resume_on_other_rank_count_is_bit_exact(tmp_path, reference):
