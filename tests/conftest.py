@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -68,21 +69,41 @@ def _counting_popen_init(self, args, *a, **kw):
     _popen_init(self, args, *a, **kw)
 
 
+#: CPU seconds (user + system) per test file, of this process and of the processes it waited for:
+#: unlike wall time, hardly changed by other work on the machine
+CPU: Counter = Counter()
+
+
+def cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = cpu_seconds()
+    yield
+    CPU[item.nodeid.split("::")[0]] += cpu_seconds() - start
+
+
 def pytest_configure(config):
     subprocess.Popen.__init__ = _counting_popen_init
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Print how many processes each test file launched (the suite's time goes mostly to launches)."""
+    """Print how many processes each test file launched (the suite's time goes mostly to launches)
+    and the CPU time each file took (setup, call and teardown)."""
     if not LAUNCHES:
         return
-    terminalreporter.section("process launches")
-    for test in sorted({t for t, _ in LAUNCHES}):
+    terminalreporter.section("process launches and CPU seconds")
+    for test in sorted({t for t, _ in LAUNCHES} | set(CPU)):
         terminalreporter.write_line(
-            f"{LAUNCHES[test, 'mpiexec']:4d} mpiexec {LAUNCHES[test, 'other']:4d} other  {test}"
+            f"{LAUNCHES[test, 'mpiexec']:4d} mpiexec {LAUNCHES[test, 'other']:4d} other {CPU[test]:7.1f} s  {test}"
         )
     total = {kind: sum(n for (_, k), n in LAUNCHES.items() if k == kind) for kind in ("mpiexec", "other")}
-    terminalreporter.write_line(f"{total['mpiexec']:4d} mpiexec {total['other']:4d} other  in all")
+    terminalreporter.write_line(
+        f"{total['mpiexec']:4d} mpiexec {total['other']:4d} other {sum(CPU.values()):7.1f} s  in all"
+    )
 
 
 def mpi_env() -> dict:
