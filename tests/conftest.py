@@ -112,12 +112,14 @@ def mpi_env() -> dict:
     return env
 
 
-def run_mpi(n: int, args: list[str], timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
-    """``mpiexec -n n python <args>``; fails the test (not hangs) past ``timeout`` seconds."""
+def run_mpi(
+    n: int, args: list[str], timeout: float = 180, check: bool = True, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
+    """``mpiexec -n n python <args>`` in ``cwd``; fails the test (not hangs) past ``timeout`` seconds."""
     if n > 1 and MPIEXEC is None:
         pytest.skip("mpiexec not found (pip install mpich)")
     cmd = ([MPIEXEC, "-n", str(n)] if n > 1 else []) + [sys.executable, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=cwd)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -128,25 +130,40 @@ def fedring(n: int, *args: str, **kw) -> subprocess.CompletedProcess:
 
 
 #: ``python many.py RUNS.json``: ``python -m fedring ARGS`` for every named ARGS of RUNS.json in turn,
-#: in one process (torch and MPI start once); the exit codes go to RUNS.json.codes.
+#: in one process (torch and MPI start once); the exit codes go to RUNS.json.codes and what rank 0
+#: printed of each run (also printed as it comes) to RUNS.json.printed.
 MANY = """
-import json, sys
+import contextlib, io, json, sys
 from fedring.cli import main
 runs = json.load(open(sys.argv[1]))
-codes = {name: main(args) for name, args in runs.items()}
-json.dump(codes, open(sys.argv[1] + ".codes", "w"))
+codes, printed = {}, {}
+for name, args in runs.items():
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        codes[name] = main(args)
+    printed[name] = out.getvalue()
+    sys.stdout.write(printed[name])
+from mpi4py import MPI
+if MPI.COMM_WORLD.rank == 0:
+    json.dump(codes, open(sys.argv[1] + ".codes", "w"))
+    json.dump(printed, open(sys.argv[1] + ".printed", "w"))
 """
 
 
 def fedring_many(
-    ranks: int, runs: dict[str, list[str]], workdir: Path, timeout: float = 600
+    ranks: int, runs: dict[str, list[str]], workdir: Path, timeout: float = 600, cwd: Path = ROOT
 ) -> tuple[dict[str, int], subprocess.CompletedProcess]:
     """Run several fedring command lines one after the other in one ``mpiexec -n ranks`` job
-    (its start-up paid once): each one's exit code by name, and the job (its output)."""
+    (its start-up paid once), from ``cwd``: each one's exit code by name, and the job (its output;
+    what each run printed is in :func:`many_printed`)."""
     (workdir / "many.py").write_text(MANY)
     (workdir / "runs.json").write_text(json.dumps({name: [str(a) for a in args] for name, args in runs.items()}))
-    proc = run_mpi(ranks, [str(workdir / "many.py"), str(workdir / "runs.json")], timeout=timeout)
+    proc = run_mpi(ranks, [str(workdir / "many.py"), str(workdir / "runs.json")], timeout=timeout, cwd=cwd)
     return json.loads((workdir / "runs.json.codes").read_text()), proc
+
+
+def many_printed(workdir: Path) -> dict[str, str]:
+    """What each run of the last :func:`fedring_many` job in ``workdir`` printed (stdout, rank 0), by name."""
+    return json.loads((workdir / "runs.json.printed").read_text())
 
 
 #: ``python crash.py ROUND ARGS...``: fedring run ARGS, raising in round ROUND (0-based) on every rank.
