@@ -130,8 +130,8 @@ def fedring(n: int, *args: str, **kw) -> subprocess.CompletedProcess:
 
 
 #: ``python many.py RUNS.json``: ``python -m fedring ARGS`` for every named ARGS of RUNS.json in turn,
-#: in one process (torch and MPI start once); the exit codes go to RUNS.json.codes and what rank 0
-#: printed of each run (also printed as it comes) to RUNS.json.printed.
+#: in one process (torch and MPI start once); the exit codes go to RUNS.json.codes and what each
+#: run printed on rank R (also printed as it comes) to RUNS.json.printed.R.
 MANY = """
 import contextlib, io, json, sys
 from fedring.cli import main
@@ -143,9 +143,10 @@ for name, args in runs.items():
     printed[name] = out.getvalue()
     sys.stdout.write(printed[name])
 from mpi4py import MPI
-if MPI.COMM_WORLD.rank == 0:
+rank = MPI.COMM_WORLD.rank
+json.dump(printed, open(f"{sys.argv[1]}.printed.{rank}", "w"))
+if rank == 0:
     json.dump(codes, open(sys.argv[1] + ".codes", "w"))
-    json.dump(printed, open(sys.argv[1] + ".printed", "w"))
 """
 
 
@@ -161,9 +162,9 @@ def fedring_many(
     return json.loads((workdir / "runs.json.codes").read_text()), proc
 
 
-def many_printed(workdir: Path) -> dict[str, str]:
-    """What each run of the last :func:`fedring_many` job in ``workdir`` printed (stdout, rank 0), by name."""
-    return json.loads((workdir / "runs.json.printed").read_text())
+def many_printed(workdir: Path, rank: int = 0) -> dict[str, str]:
+    """What each run of the last :func:`fedring_many` job in ``workdir`` printed on ``rank`` (stdout), by name."""
+    return json.loads((workdir / f"runs.json.printed.{rank}").read_text())
 
 
 #: ``python crash.py ROUND ARGS...``: fedring run ARGS, raising in round ROUND (0-based) on every rank.

@@ -10,7 +10,7 @@ import time
 
 import h5py
 import pytest
-from conftest import MPIEXEC, ROOT, crash_at_round, fedring, fedring_many, mpi_env, wait_for_unlock
+from conftest import MPIEXEC, ROOT, crash_at_round, fedring, fedring_many, many_printed, mpi_env, wait_for_unlock
 
 from fedring.results import read_checkpoint
 
@@ -190,22 +190,23 @@ def test_resume_refuses_other_settings(tmp_path, references, fedring_cli):
     assert "resume:" in proc.stderr and "lr: 0.1 -> 0.5" in proc.stderr
 
 
-def test_resume_from_the_file_alone(tmp_path, reference):
+def test_resume_from_the_file_alone(tmp_path, reference, fedring_cli):
     """The file holds every setting: --out and --resume are enough (on another rank count too);
     the banner says where it resumes; a setting given must agree with the stored one."""
-    out = tmp_path / "run.h5"
+    out, again = tmp_path / "run.h5", tmp_path / "again.h5"
     crash_at_round(tmp_path, 1, 5, [*RUN, "--out", str(out)])
+    shutil.copy(out, again)
     with h5py.File(out, "r") as f:
         done = read_checkpoint(f)[1]["round"]
-    proc = fedring(1, "run", "--out", str(out), "--resume", "--rounds", "8", check=False)
+    proc = fedring_cli("run", "--out", out, "--resume", "--rounds", "8")
     assert proc.returncode == 2 and proc.stderr.startswith(
         f"fedring: error: resume: {out} was written with other settings (file -> given): rounds: 7 -> 8; leave them out"
     )
-    proc = fedring(
-        2, "run", "--out", str(out), "--resume", "--quiet", "--checkpoint-every", "1"
-    )  # run control may change
-    assert proc.stdout == "" and snapshot(out) == reference
-    out.unlink()
-    crash_at_round(tmp_path, 1, 5, [*RUN, "--out", str(out)])
-    proc = fedring(2, "run", "--out", str(out), "--resume", "--rounds", "7")
-    assert f"fedring: resuming {out} from round {done} of 7\n" in proc.stdout and snapshot(out) == reference
+    runs = {
+        "quiet": ["run", "--out", out, "--resume", "--quiet", "--checkpoint-every", "1"],  # run control may change
+        "banner": ["run", "--out", again, "--resume", "--rounds", "7"],
+    }
+    assert fedring_many(2, runs, tmp_path)[0] == dict.fromkeys(runs, 0)
+    printed = many_printed(tmp_path)
+    assert printed["quiet"] == many_printed(tmp_path, 1)["quiet"] == "" and snapshot(out) == reference
+    assert f"fedring: resuming {again} from round {done} of 7\n" in printed["banner"] and snapshot(again) == reference
