@@ -62,10 +62,17 @@ LAUNCHES: Counter = Counter()
 _popen_init = subprocess.Popen.__init__
 
 
+#: the test being run (None between tests)
+CURRENT: list[pytest.Item | None] = [None]
+
+
 def _counting_popen_init(self, args, *a, **kw):
     program = Path(str(args[0]) if isinstance(args, (list, tuple)) else str(args).split()[0]).name
     test = os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)").split("::")[0]
     LAUNCHES[(test, "mpiexec" if program == "mpiexec" else "other")] += 1
+    item = CURRENT[0]
+    if program == "mpiexec" and item is not None and item.get_closest_marker("mpi") is None:
+        pytest.fail(f"{item.nodeid} launches mpiexec: mark it @pytest.mark.mpi (-m 'not mpi' must start no MPI job)")
     _popen_init(self, args, *a, **kw)
 
 
@@ -81,9 +88,10 @@ def cpu_seconds() -> float:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    start = cpu_seconds()
+    start, CURRENT[0] = cpu_seconds(), item
     yield
     CPU[item.nodeid.split("::")[0]] += cpu_seconds() - start
+    CURRENT[0] = None
 
 
 def pytest_configure(config):

@@ -116,6 +116,8 @@ def runs(tmp_path_factory):
     return root
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SETTINGS)
 def test_new_state_resumes_bit_exactly_on_another_rank_count(runs, name):
     settings = [*RUN, *SETTINGS[name]]
@@ -129,6 +131,8 @@ def test_new_state_resumes_bit_exactly_on_another_rank_count(runs, name):
     assert snapshot(runs / f"run-{name}.h5") == snapshot(runs / f"ref-{name}.h5")
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_local_steps_give_the_same_model_on_any_rank_count(runs):
     """Local SGD steps train a copy of the shared weights (they once trained the replica itself,
     which made the result depend on how many clients a rank hosted)."""

@@ -38,6 +38,8 @@ def test_the_page_has_the_steps_the_issue_asks_for():
         assert needle in commands
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install mpich)")
 def test_tutorial_runs_as_written(tmp_path, slurm_cluster):
     has_slurm = slurm_cluster is None  # a cluster that takes jobs, not merely sbatch on the path
