@@ -5,7 +5,8 @@ The commands and their expected last lines are read from README.md itself (the l
 ends with), so the README cannot drift from what the tool does. Training is deterministic (the
 same seed gives bit-identical results on any number of ranks), so the accuracies must match to
 the printed digit; the qualitative claim (undefended at chance, defended far above it) is
-checked too.
+checked too. The commands run one after the other in one ``mpiexec -n 2`` job (torch and MPI
+start once), each printing what it would alone.
 """
 
 from __future__ import annotations
