@@ -54,7 +54,7 @@ def printed(tmp_path_factory):
     for index, (argv, _, _) in enumerate(tour_commands()):
         assert argv[:5] == ["mpiexec", "-n", "2", "python", "-m"] and argv[5] == "fedring"
         runs[str(index)] = argv[6:]
-    codes, _ = fedring_many(2, runs, root, timeout=300, cwd=root)
+    codes, _ = fedring_many(2, runs, root, cwd=root)
     assert codes == dict.fromkeys(runs, 0)
     return many_printed(root)
 
