@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -61,11 +62,36 @@ LAUNCHES: Counter = Counter()
 _popen_init = subprocess.Popen.__init__
 
 
+#: the test being run (None between tests)
+CURRENT: list[pytest.Item | None] = [None]
+
+
 def _counting_popen_init(self, args, *a, **kw):
     program = Path(str(args[0]) if isinstance(args, (list, tuple)) else str(args).split()[0]).name
     test = os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)").split("::")[0]
     LAUNCHES[(test, "mpiexec" if program == "mpiexec" else "other")] += 1
+    item = CURRENT[0]
+    if program == "mpiexec" and item is not None and item.get_closest_marker("mpi") is None:
+        pytest.fail(f"{item.nodeid} launches mpiexec: mark it @pytest.mark.mpi (-m 'not mpi' must start no MPI job)")
     _popen_init(self, args, *a, **kw)
+
+
+#: CPU seconds (user + system) per test file, of this process and of the processes it waited for:
+#: unlike wall time, hardly changed by other work on the machine
+CPU: Counter = Counter()
+
+
+def cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start, CURRENT[0] = cpu_seconds(), item
+    yield
+    CPU[item.nodeid.split("::")[0]] += cpu_seconds() - start
+    CURRENT[0] = None
 
 
 def pytest_configure(config):
@@ -73,16 +99,21 @@ def pytest_configure(config):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Print how many processes each test file launched (the suite's time goes mostly to launches)."""
+    """Print how many processes each test file launched (the suite's time goes mostly to launches:
+    about 2 CPU seconds a rank that imports torch) and the CPU time each file took (setup, call and
+    teardown); files that launched nothing and took less than half a second are left out."""
     if not LAUNCHES:
         return
-    terminalreporter.section("process launches")
-    for test in sorted({t for t, _ in LAUNCHES}):
+    terminalreporter.section("process launches and CPU seconds")
+    shown = {t for t, _ in LAUNCHES} | {t for t, seconds in CPU.items() if seconds >= 0.5}
+    for test in sorted(shown):
         terminalreporter.write_line(
-            f"{LAUNCHES[test, 'mpiexec']:4d} mpiexec {LAUNCHES[test, 'other']:4d} other  {test}"
+            f"{LAUNCHES[test, 'mpiexec']:4d} mpiexec {LAUNCHES[test, 'other']:4d} other {CPU[test]:7.1f} s  {test}"
         )
     total = {kind: sum(n for (_, k), n in LAUNCHES.items() if k == kind) for kind in ("mpiexec", "other")}
-    terminalreporter.write_line(f"{total['mpiexec']:4d} mpiexec {total['other']:4d} other  in all")
+    terminalreporter.write_line(
+        f"{total['mpiexec']:4d} mpiexec {total['other']:4d} other {sum(CPU.values()):7.1f} s  in all"
+    )
 
 
 def mpi_env() -> dict:
@@ -91,12 +122,14 @@ def mpi_env() -> dict:
     return env
 
 
-def run_mpi(n: int, args: list[str], timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
-    """``mpiexec -n n python <args>``; fails the test (not hangs) past ``timeout`` seconds."""
+def run_mpi(
+    n: int, args: list[str], timeout: float = 180, check: bool = True, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
+    """``mpiexec -n n python <args>`` in ``cwd``; fails the test (not hangs) past ``timeout`` seconds."""
     if n > 1 and MPIEXEC is None:
         pytest.skip("mpiexec not found (pip install mpich)")
     cmd = ([MPIEXEC, "-n", str(n)] if n > 1 else []) + [sys.executable, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=cwd)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -107,25 +140,41 @@ def fedring(n: int, *args: str, **kw) -> subprocess.CompletedProcess:
 
 
 #: ``python many.py RUNS.json``: ``python -m fedring ARGS`` for every named ARGS of RUNS.json in turn,
-#: in one process (torch and MPI start once); the exit codes go to RUNS.json.codes.
+#: in one process (torch and MPI start once); the exit codes go to RUNS.json.codes and what each
+#: run printed on rank R (also printed as it comes) to RUNS.json.printed.R.
 MANY = """
-import json, sys
+import contextlib, io, json, sys
 from fedring.cli import main
 runs = json.load(open(sys.argv[1]))
-codes = {name: main(args) for name, args in runs.items()}
-json.dump(codes, open(sys.argv[1] + ".codes", "w"))
+codes, printed = {}, {}
+for name, args in runs.items():
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        codes[name] = main(args)
+    printed[name] = out.getvalue()
+    sys.stdout.write(printed[name])
+from mpi4py import MPI
+rank = MPI.COMM_WORLD.rank
+json.dump(printed, open(f"{sys.argv[1]}.printed.{rank}", "w"))
+if rank == 0:
+    json.dump(codes, open(sys.argv[1] + ".codes", "w"))
 """
 
 
 def fedring_many(
-    ranks: int, runs: dict[str, list[str]], workdir: Path, timeout: float = 600
+    ranks: int, runs: dict[str, list[str]], workdir: Path, timeout: float = 600, cwd: Path = ROOT
 ) -> tuple[dict[str, int], subprocess.CompletedProcess]:
     """Run several fedring command lines one after the other in one ``mpiexec -n ranks`` job
-    (its start-up paid once): each one's exit code by name, and the job (its output)."""
+    (its start-up paid once), from ``cwd``: each one's exit code by name, and the job (its output;
+    what each run printed is in :func:`many_printed`)."""
     (workdir / "many.py").write_text(MANY)
     (workdir / "runs.json").write_text(json.dumps({name: [str(a) for a in args] for name, args in runs.items()}))
-    proc = run_mpi(ranks, [str(workdir / "many.py"), str(workdir / "runs.json")], timeout=timeout)
+    proc = run_mpi(ranks, [str(workdir / "many.py"), str(workdir / "runs.json")], timeout=timeout, cwd=cwd)
     return json.loads((workdir / "runs.json.codes").read_text()), proc
+
+
+def many_printed(workdir: Path, rank: int = 0) -> dict[str, str]:
+    """What each run of the last :func:`fedring_many` job in ``workdir`` printed on ``rank`` (stdout), by name."""
+    return json.loads((workdir / f"runs.json.printed.{rank}").read_text())
 
 
 #: ``python crash.py ROUND ARGS...``: fedring run ARGS, raising in round ROUND (0-based) on every rank.

@@ -207,6 +207,7 @@ def test_a_misspelt_option_gets_a_suggestion():
     )
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize(
     "args",
     [

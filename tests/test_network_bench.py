@@ -24,6 +24,8 @@ def namespaces_unavailable() -> str | None:
     return f"cannot create a network namespace: {probe.stderr.strip()}" if probe.returncode else None
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_links_carry_what_the_ledger_counts(tmp_path):
     """2 nodes x 1 rank at 1 Gbit/s, d = 2^20. The ledger's inter-node bytes are exact: the ring
     sends d/2 floats per rank and phase (8d bytes in all), BRACE d/2 int8 counts then d/2 bits
@@ -104,6 +106,8 @@ def test_ledger_links_of_a_ring_over_two_nodes():
     assert not links[1].any()
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_training_rounds_split_and_count_bytes_as_a_normal_run(tmp_path):
     """``--train`` on 2 nodes x 1 rank, 4 clients, 2 rounds: every rank's communication time
     is within its round's wall time, the records' medians add up within the slowest rank's,

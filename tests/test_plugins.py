@@ -289,6 +289,7 @@ def test_entry_points_are_loaded_at_start(tmp_path, monkeypatch):
         config(tmp_path)
 
 
+@pytest.mark.mpi
 def test_multi_rank_bad_plugin_stops_every_rank_with_one_message_and_no_file(tmp_path):
     if MPIEXEC is None:
         pytest.skip("mpiexec not found")
@@ -330,6 +331,8 @@ def test_multi_rank_bad_plugin_stops_every_rank_with_one_message_and_no_file(tmp
     assert proc.stdout == "" and not out.exists()
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_resume_imports_the_plugins_stored_in_the_file(tmp_path):
     """Started with --plugin and interrupted; --resume without it continues bit-identically."""
     if MPIEXEC is None:

@@ -5,7 +5,7 @@ the same results on any number of ranks; bad settings are refused before any wor
 import h5py
 import numpy as np
 import pytest
-from conftest import crash_at_round, fedring
+from conftest import crash_at_round, fedring, fedring_many
 from test_resume import snapshot
 
 from fedring.cli.run import build_config
@@ -79,51 +79,66 @@ SETTINGS = {
 }
 
 
+#: a run whose local SGD steps must give the same model on any number of ranks
+LOCAL_STEPS = [
+    "--dataset",
+    "synthetic",
+    "--clients",
+    "3",
+    "--rounds",
+    "3",
+    "--eval-every",
+    "3",
+    "--quiet",
+    "--local-steps",
+    "3",
+    "--topology",
+    "server",
+    "--aggregator",
+    "median",
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """``ref-{name}.h5``: each of SETTINGS uninterrupted on 2 ranks (one job); ``run-{name}.h5``: each
+    crashed in round 4 on 2 ranks (a job each), then all resumed on 3 ranks in one job, which also
+    writes ``local-3.h5`` (LOCAL_STEPS; ``local-1.h5`` on one rank)."""
+    root = tmp_path_factory.mktemp("protocol")
+    refs = {name: [*RUN, *SETTINGS[name], "--out", root / f"ref-{name}.h5"] for name in SETTINGS}
+    assert fedring_many(2, refs, root)[0] == dict.fromkeys(refs, 0)
+    for name in SETTINGS:
+        crash_at_round(root, 2, 3, [*RUN, *SETTINGS[name], "--out", str(root / f"run-{name}.h5")])
+    on3 = {name: [*RUN, *SETTINGS[name], "--out", root / f"run-{name}.h5", "--resume"] for name in SETTINGS}
+    on3["local"] = [*LOCAL_STEPS, "--out", root / "local-3.h5"]
+    assert fedring_many(3, on3, root)[0] == dict.fromkeys(on3, 0)
+    fedring(1, *LOCAL_STEPS, "--out", str(root / "local-1.h5"))
+    return root
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SETTINGS)
-def test_new_state_resumes_bit_exactly_on_another_rank_count(tmp_path, name):
+def test_new_state_resumes_bit_exactly_on_another_rank_count(runs, name):
     settings = [*RUN, *SETTINGS[name]]
-    ref, out = tmp_path / "ref.h5", tmp_path / "run.h5"
-    fedring(2, *settings, "--out", str(ref))
-    with h5py.File(ref, "r") as f:
+    with h5py.File(runs / f"ref-{name}.h5", "r") as f:
         slot = f["checkpoint"][f["checkpoint"].attrs["current"]]
         stored = {k: slot[k].shape for k in slot}
         assert {"validation_accuracy", "validation_loss"} <= set(f["metrics"])
     d = stored["w"][0]
     assert stored["client_m"] == (6, d) and stored["optim_m"] == stored["optim_v"] == (d,)
     assert stored["buffers"] == ((162,) if "bn_stats=local" not in settings else (6, 162))
-    proc = crash_at_round(tmp_path, 2, 3, [*settings, "--out", str(out)])
-    assert proc.returncode != 0
-    fedring(3, *settings, "--out", str(out), "--resume")
-    assert snapshot(out) == snapshot(ref)
+    assert snapshot(runs / f"run-{name}.h5") == snapshot(runs / f"ref-{name}.h5")
 
 
-def test_local_steps_give_the_same_model_on_any_rank_count(tmp_path):
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_local_steps_give_the_same_model_on_any_rank_count(runs):
     """Local SGD steps train a copy of the shared weights (they once trained the replica itself,
     which made the result depend on how many clients a rank hosted)."""
     finals = []
     for ranks in (1, 3):
-        out = tmp_path / f"r{ranks}.h5"
-        fedring(
-            ranks,
-            "--dataset",
-            "synthetic",
-            "--clients",
-            "3",
-            "--rounds",
-            "3",
-            "--eval-every",
-            "3",
-            "--quiet",
-            "--local-steps",
-            "3",
-            "--topology",
-            "server",
-            "--aggregator",
-            "median",
-            "--out",
-            str(out),
-        )
-        with h5py.File(out, "r") as f:
+        with h5py.File(runs / f"local-{ranks}.h5", "r") as f:
             finals.append(f["model/final"][:])
     assert np.array_equal(*finals)
 

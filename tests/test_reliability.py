@@ -16,13 +16,14 @@ import pytest
 from conftest import MPIEXEC, ROOT, fedring, mpi_env, run_mpi, wait_for_unlock
 
 RUN = ["--dataset", "synthetic", "--clients", "4", "--rounds", "3", "--eval-every", "1", "--quiet"]
+#: a stuck-rank job hangs in round 4: eight rounds leave four for it to resume
 LONG = [
     "--dataset",
     "synthetic",
     "--clients",
     "4",
     "--rounds",
-    "30",
+    "8",
     "--eval-every",
     "1",
     "--checkpoint-every",
@@ -184,7 +185,7 @@ def test_signal_ends_a_job_with_a_stuck_rank_and_keeps_every_round(tmp_path, pee
         assert f["metrics/round"][:].tolist() == [1, 2, 3]  # every completed round
     fedring(2, *LONG, "--out", str(out), "--resume")  # and it resumes from its last checkpoint (round 2)
     with h5py.File(out, "r") as f:
-        assert f.attrs["status"] == "complete" and f["metrics/round"][:].tolist() == list(range(1, 31))
+        assert f.attrs["status"] == "complete" and f["metrics/round"][:].tolist() == list(range(1, 9))
 
 
 @pytest.mark.mpi

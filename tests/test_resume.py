@@ -10,7 +10,7 @@ import time
 
 import h5py
 import pytest
-from conftest import MPIEXEC, ROOT, crash_at_round, fedring, fedring_many, mpi_env, wait_for_unlock
+from conftest import MPIEXEC, ROOT, crash_at_round, fedring, fedring_many, many_printed, mpi_env, wait_for_unlock
 
 from fedring.results import read_checkpoint
 
@@ -78,26 +78,39 @@ def reference(references):
     return snapshot(references / "ref.h5")
 
 
+#: runs crashed in a round (0-based) and resumed: name -> (settings, round); the stateful rules crash in round 6
+CRASHES = {"round-1": (RUN, 1), "round-6": (RUN, 6), **{rule: (rule_settings(rule), 5) for rule in RULES}}
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """Each of CRASHES crashed on 2 ranks (a job each), then all resumed in one 2-rank job:
+    the directory of the files (``{name}.h5``) and each one's status after its crash."""
+    root = tmp_path_factory.mktemp("resumed")
+    status, resumes = {}, {}
+    for name, (settings, round_) in CRASHES.items():
+        out = root / f"{name}.h5"
+        crash_at_round(root, 2, round_, [*settings, "--out", str(out)])
+        status[name] = snapshot(out)["status"]
+        resumes[name] = [*settings, "--out", str(out), "--resume"]
+    assert fedring_many(2, resumes, root)[0] == dict.fromkeys(resumes, 0)
+    return root, status
+
+
 @pytest.mark.parametrize("crash_round", [1, 6])
-def test_resume_after_crash_is_bit_exact(tmp_path, reference, crash_round):
-    out = tmp_path / "run.h5"
-    proc = crash_at_round(tmp_path, 2, crash_round, [*RUN, "--out", str(out)])
-    assert proc.returncode != 0
-    assert snapshot(out)["status"] == "failed"
-    fedring(2, *RUN, "--out", str(out), "--resume")
-    assert snapshot(out) == reference
+def test_resume_after_crash_is_bit_exact(resumed, reference, crash_round):
+    root, status = resumed
+    assert status[f"round-{crash_round}"] == "failed"
+    assert snapshot(root / f"round-{crash_round}.h5") == reference
 
 
 @pytest.mark.parametrize("rule", list(RULES))
-def test_resume_keeps_the_aggregator_state(tmp_path, references, rule):
+def test_resume_keeps_the_aggregator_state(resumed, references, rule):
     """Stateful server rules (previous aggregate, FL-Detector's history) and BRACE's per-round
     relay draws and rows resume exactly."""
-    settings = rule_settings(rule)
-    out = tmp_path / "run.h5"
-    proc = crash_at_round(tmp_path, 2, 5, [*settings, "--out", str(out)])
-    assert proc.returncode != 0
-    fedring(2, *settings, "--out", str(out), "--resume")
-    assert snapshot(out) == snapshot(references / f"{rule}.h5")
+    root, status = resumed
+    assert status[rule] == "failed"
+    assert snapshot(root / f"{rule}.h5") == snapshot(references / f"{rule}.h5")
 
 
 def test_resume_on_other_rank_count_is_bit_exact(tmp_path, reference):
@@ -121,7 +134,8 @@ def test_signal_checkpoints_and_exits_75_then_resumes(tmp_path, reference):
     if MPIEXEC is None:
         pytest.skip("mpiexec not found")
     out = tmp_path / "run.h5"
-    slow = [*RUN[:5], "400", *RUN[6:-1]]  # many rounds, so the signal lands mid-run; progress lines on
+    # progress lines on (rounds 2, 20, 40, 60 into a pipe), 60 rounds: the signal sent at round 20 lands mid-run
+    slow = [*RUN[:5], "60", *RUN[6:-1]]
     proc = subprocess.Popen(
         [MPIEXEC, "-n", "2", sys.executable, "-m", "fedring", *slow, "--out", str(out)],
         env=mpi_env(),
@@ -135,12 +149,12 @@ def test_signal_checkpoints_and_exits_75_then_resumes(tmp_path, reference):
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 75, stderr
     stopped = snapshot(out)
-    assert stopped["status"] == "preempted" and 3 <= stopped["rounds"] < 400
+    assert stopped["status"] == "preempted" and 3 <= stopped["rounds"] < 60
     with h5py.File(out) as f:
         assert read_checkpoint(f)[1]["round"] == stopped["rounds"]
     fedring(2, *slow, "--out", str(out), "--resume")
     finished = snapshot(out)
-    assert finished["status"] == "complete" and finished["rounds"] == 400
+    assert finished["status"] == "complete" and finished["rounds"] == 60
 
 
 def test_kill_9_then_resume_from_last_checkpoint(tmp_path, reference):
@@ -176,22 +190,23 @@ def test_resume_refuses_other_settings(tmp_path, references, fedring_cli):
     assert "resume:" in proc.stderr and "lr: 0.1 -> 0.5" in proc.stderr
 
 
-def test_resume_from_the_file_alone(tmp_path, reference):
+def test_resume_from_the_file_alone(tmp_path, reference, fedring_cli):
     """The file holds every setting: --out and --resume are enough (on another rank count too);
     the banner says where it resumes; a setting given must agree with the stored one."""
-    out = tmp_path / "run.h5"
+    out, again = tmp_path / "run.h5", tmp_path / "again.h5"
     crash_at_round(tmp_path, 1, 5, [*RUN, "--out", str(out)])
+    shutil.copy(out, again)
     with h5py.File(out, "r") as f:
         done = read_checkpoint(f)[1]["round"]
-    proc = fedring(1, "run", "--out", str(out), "--resume", "--rounds", "8", check=False)
+    proc = fedring_cli("run", "--out", out, "--resume", "--rounds", "8")
     assert proc.returncode == 2 and proc.stderr.startswith(
         f"fedring: error: resume: {out} was written with other settings (file -> given): rounds: 7 -> 8; leave them out"
     )
-    proc = fedring(
-        2, "run", "--out", str(out), "--resume", "--quiet", "--checkpoint-every", "1"
-    )  # run control may change
-    assert proc.stdout == "" and snapshot(out) == reference
-    out.unlink()
-    crash_at_round(tmp_path, 1, 5, [*RUN, "--out", str(out)])
-    proc = fedring(2, "run", "--out", str(out), "--resume", "--rounds", "7")
-    assert f"fedring: resuming {out} from round {done} of 7\n" in proc.stdout and snapshot(out) == reference
+    runs = {
+        "quiet": ["run", "--out", out, "--resume", "--quiet", "--checkpoint-every", "1"],  # run control may change
+        "banner": ["run", "--out", again, "--resume", "--rounds", "7"],
+    }
+    assert fedring_many(2, runs, tmp_path)[0] == dict.fromkeys(runs, 0)
+    printed = many_printed(tmp_path)
+    assert printed["quiet"] == many_printed(tmp_path, 1)["quiet"] == "" and snapshot(out) == reference
+    assert f"fedring: resuming {again} from round {done} of 7\n" in printed["banner"] and snapshot(again) == reference

@@ -58,32 +58,55 @@ def metrics(path, *names):
         return [f[name][:] for name in names]
 
 
+#: BRACE for 20 rounds with a step schedule, resumed after a crash in round 14
+STEP = [
+    *BRACE,
+    "--rounds",
+    "20",
+    "--eval-every",
+    "5",
+    "--lr-schedule",
+    "step",
+    "--set",
+    "step.milestones=[0.5]",
+    "--checkpoint-every",
+    "5",
+]
+RULES = ("paper", "symmetric")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One 2-rank job: STEP (``step.h5``) and BRACE with each printed rule (``paper.h5``, ``symmetric.h5``)."""
+    root = tmp_path_factory.mktemp("schedules")
+    jobs = {"step": [*STEP, "--out", root / "step.h5"]}
+    jobs.update({rule: [*BRACE, "--set", f"brace.rule={rule}", "--out", root / f"{rule}.h5"] for rule in RULES})
+    assert fedring_many(2, jobs, root)[0] == dict.fromkeys(jobs, 0)
+    return root
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_step_schedule_is_applied_stored_and_resumed_bit_exact(tmp_path):
-    args = [*BRACE, "--lr-schedule", "step", "--set", "step.milestones=[0.5]", "--checkpoint-every", "5"]
-    full = tmp_path / "full.h5"
-    fedring(2, *args, "--out", str(full))
+def test_step_schedule_is_applied_stored_and_resumed_bit_exact(tmp_path, runs):
+    full = runs / "step.h5"
     (lr,) = metrics(full, "metrics/lr")
-    assert lr.tolist() == [0.01, 0.01, 0.001, 0.001]  # rounds 10, 20 (t = 19 < 20), 30, 40
+    assert lr.tolist() == [0.01, 0.01, 0.001, 0.001]  # rounds 5, 10 (t = 9 < 10), 15, 20
     part = tmp_path / "part.h5"
-    crash_at_round(tmp_path, 2, 27, [*args, "--out", str(part)])
-    fedring(2, *args, "--out", str(part), "--resume")
+    crash_at_round(tmp_path, 2, 13, [*STEP, "--out", str(part)])
+    fedring(2, *STEP, "--out", str(part), "--resume")
     a, b = (metrics(p, "model/final", "metrics/test_accuracy", "metrics/weight_mean_change") for p in (full, part))
     assert all(x.tobytes() == y.tobytes() for x, y in zip(a, b))
 
 
+@pytest.mark.mpi
 @pytest.mark.slow
-def test_paper_rule_drifts_and_the_symmetric_rule_does_not(tmp_path):
+def test_paper_rule_drifts_and_the_symmetric_rule_does_not(runs):
     """BRACE's eq. (1) maps every coordinate with S <= lambda to -1, so with w <- w - lr GAR the
     weights climb by about lr per round on weakly agreed coordinates; the symmetric map leaves
     them alone. Deterministic (seeded), so the bounds carry no false-alarm rate."""
-    rules = ("paper", "symmetric")
-    runs = {rule: [*BRACE, "--set", f"brace.rule={rule}", "--out", tmp_path / f"{rule}.h5"] for rule in rules}
-    assert fedring_many(1, runs, tmp_path)[0] == dict.fromkeys(rules, 0)
     drift, fractions = {}, {}
-    for rule in rules:
-        out = tmp_path / f"{rule}.h5"
+    for rule in RULES:
+        out = runs / f"{rule}.h5"
         drift[rule], plus, minus, zero = metrics(
             out, "metrics/weight_mean_change", "ring/plus_fraction", "ring/minus_fraction", "ring/zero_fraction"
         )

@@ -304,11 +304,12 @@ def test_dry_run_lists_states_and_the_sbatch_command(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_local_sweep_runs_each_config_once(tmp_path, capsys):
+def test_local_sweep_runs_each_config_once_max_parallel_at_once_with_a_log_each(tmp_path, capsys):
     grid = tmp_path / "g.toml"
     out = tmp_path / "out"
     grid.write_text(
-        f'dataset = "synthetic"\nclients = 2\nrounds = 2\neval_every = 1\nseed = [0, 1]\n[sweep]\nout_dir = "{out}"\n'
+        f'dataset = "synthetic"\nclients = 2\nrounds = 2\neval_every = 1\nseed = [0, 1, 2]\nlr_schedule = "cosine"\n'
+        f'[sweep]\nout_dir = "{out}"\nmax_parallel = 2\n'
     )
     proc = subprocess.run(
         [sys.executable, "-m", "fedring", "sweep", str(grid), "--local"],
@@ -322,38 +323,23 @@ def test_local_sweep_runs_each_config_once(tmp_path, capsys):
     sw = load_sweep(grid)
     for cfg, h in zip(sw.configs, sw.hashes):
         assert file_state(out / f"{h}.h5").kind == "complete"
+        assert f"config {h}: exit 0" in proc.stdout
+        assert "results:" in (out / "logs" / f"local-{h}.out").read_text()
         written = tomllib.loads((out / "configs" / f"{h}.toml").read_text())
         assert (
             written
             == canonical(cfg)
-            == {"clients": 2, "dataset": "synthetic", "rounds": 2, "eval_every": 1, **({"seed": 1} if cfg.seed else {})}
+            == {
+                "clients": 2,
+                "dataset": "synthetic",
+                "rounds": 2,
+                "eval_every": 1,
+                "lr_schedule": "cosine",
+                **({"seed": cfg.seed} if cfg.seed else {}),
+            }
         )
     capsys.readouterr()
     assert main([str(grid), "--local"]) == 0 and "nothing to run" in capsys.readouterr().out  # in this process
-
-
-@pytest.mark.slow
-def test_local_sweep_runs_max_parallel_at_once_with_a_log_each(tmp_path):
-    grid = tmp_path / "g.toml"
-    out = tmp_path / "out"
-    grid.write_text(
-        f'dataset = "synthetic"\nclients = 2\nrounds = 2\nseed = [0, 1, 2]\nlr_schedule = "cosine"\n'
-        f'[sweep]\nout_dir = "{out}"\nmax_parallel = 2\n'
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedring", "sweep", str(grid), "--local"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=mpi_env(),
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    sw = load_sweep(grid)
-    for h in sw.hashes:
-        assert file_state(out / f"{h}.h5").kind == "complete"
-        assert f"config {h}: exit 0" in proc.stdout
-        assert "results:" in (out / "logs" / f"local-{h}.out").read_text()
 
 
 @pytest.mark.slow

@@ -8,6 +8,9 @@ Min-Max, as in docs/brace.md), and so that both tie-breaks are exercised.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pandas as pd
 import pytest
 from test_analysis import fake_run
@@ -63,9 +66,16 @@ def write_grid(d, validation=True, byzantine=0.2, shift=0.0, **extra):
     return d
 
 
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """The grid of :data:`VALIDATION`, written once per module."""
+    return write_grid(tmp_path_factory.mktemp("grid") / "runs")
+
+
 @pytest.fixture
-def grid(tmp_path):
-    return write_grid(tmp_path / "runs")
+def grid(written, tmp_path):
+    """A copy of the grid that a test may change."""
+    return Path(shutil.copytree(written, tmp_path / "runs"))
 
 
 def expected_test(defence):
@@ -184,8 +194,8 @@ def test_bad_tune_key_is_an_error(grid, analysis_cli, tmp_path):
     assert "'nonsense': not a setting of these runs" in out.stderr
 
 
-def test_heatmap_panels_per_byzantine_share(tmp_path, analysis_cli):
-    d = write_grid(tmp_path / "runs")
+def test_heatmap_panels_per_byzantine_share(grid, tmp_path, analysis_cli):
+    d = grid
     write_grid(d, byzantine=0.1, shift=-0.125)  # the same grid, every accuracy 0.125 higher
     panels = plot_heatmap(load_runs([d])[0], str(tmp_path / "h.png"), tune=["lr"])
     assert list(panels) == [
