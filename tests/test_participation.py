@@ -140,7 +140,7 @@ def test_bad_settings_stop_the_run_before_any_work(tmp_path, fedring_cli):
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert not out.exists()
     proc = fedring_cli(*base, "--set", "participation=0.1", "--topology", "server", "--aggregator", "krum")
-    assert "participation: 1 clients per round" in proc.stderr  # krum needs n > 2f + 2 = 2
+    assert "participation: a cohort of 1 per round" in proc.stderr  # krum needs n > 2f + 2 = 2
 
 
 # --------------------------------------------------------------------------- the ring over a cohort

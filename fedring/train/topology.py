@@ -145,7 +145,7 @@ class ServerTopology:
         m = cohort_size(cfg.participation, cfg.n_clients)
         reason = self.rule.with_f(cohort_f(cfg.cohort_f, defence_f(cfg), m, cfg.n_clients)).check(m)
         if reason is not None:
-            raise ConfigError("participation", f"{m} clients per round: {reason}")
+            raise ConfigError("participation", f"a cohort of {m} per round: {reason}")
         self.state: dict[str, np.ndarray] = self.rule.init_state(cfg.n_clients, d) if net.layout.rank == 0 else {}
 
     @property
