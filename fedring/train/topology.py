@@ -120,11 +120,37 @@ class RingTopology:
             for name, row in result.rows.items():
                 rows[name] = np.zeros(self.n, row.dtype)
                 rows[name][cohort.clients] = row
-        if len(np.unique(lay.owner(cohort.clients))) < lay.size:  # ranks that sit out: the update, figures, rows
-            root = lay.owner(int(cohort.clients[0]))
-            self.net.comm.Bcast(update, root=root)
-            figures, rows = self.net.comm.bcast((figures, rows), root=root)
+        hosts = np.unique(lay.owner(cohort.clients))
+        if len(hosts) < lay.size:
+            figures, rows = self.to_bystanders(update, figures, rows, hosts, m)
         return Aggregation(update, None, figures, rows)
+
+    def to_bystanders(self, update: np.ndarray, figures: dict, rows: dict, hosts: np.ndarray, m: int) -> tuple:
+        """From the rank of the first member, point to point (a simulation step, booked nowhere): the
+        update into ``update`` on every rank that hosts no member, and the rule's figures and rows to
+        rank 0, which records them, when it hosts none. Those travel as one float64 buffer (counts
+        are exact in it) laid out as the rule's :meth:`~fedring.comm.ring.RingRule.idle` report."""
+        comm, lay, root = self.net.comm, self.net.layout, int(hosts[0])
+        bystanders = np.setdiff1d(np.arange(lay.size), hosts)
+        if lay.rank == root:
+            self.net.complete([comm.Isend(update, dest=int(r)) for r in bystanders])
+        elif lay.rank in bystanders:
+            comm.Recv(update, source=root)
+        if hosts[0] == 0 or lay.rank not in (0, root):
+            return figures, rows
+        template = self.rule_for(m).idle(self.d)
+        names, row_names = sorted(template.figures), sorted(template.rows)
+        packed = np.empty(len(names) + self.n * len(row_names), np.float64)
+        if lay.rank == root:
+            packed[: len(names)] = [figures[k] for k in names]
+            packed[len(names) :] = np.concatenate([rows[k] for k in row_names] or [np.empty(0)])
+            comm.Send(packed, dest=0)
+            return figures, rows
+        comm.Recv(packed, source=root)
+        figures = {k: type(template.figures[k])(v) for k, v in zip(names, packed)}
+        blocks = packed[len(names) :].reshape(len(row_names), self.n)
+        rows = {k: block.astype(template.rows[k].dtype) for k, block in zip(row_names, blocks)}
+        return figures, rows
 
 
 class ServerTopology:
