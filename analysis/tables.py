@@ -378,6 +378,17 @@ def _positive(value: str) -> int:
     return n
 
 
+def add_final_window(p: argparse.ArgumentParser) -> None:
+    """``--final-window K``: a run's value is the mean of its last K evaluations."""
+    p.add_argument(
+        "--final-window",
+        type=_positive,
+        default=1,
+        metavar="K",
+        help="a run's value is the mean of its last K evaluations (default 1: the final one)",
+    )
+
+
 def main_table(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="python -m analysis table",
@@ -393,13 +404,7 @@ def main_table(argv: list[str]) -> int:
         default="test_error",
         help="metric in the cells: test_error (default), test_accuracy or any /metrics column",
     )
-    p.add_argument(
-        "--final-window",
-        type=_positive,
-        default=1,
-        metavar="K",
-        help="a run's value is the mean of its last K evaluations (default 1: the final one)",
-    )
+    add_final_window(p)
     p.add_argument(
         "--diff-to",
         metavar="COLUMN",

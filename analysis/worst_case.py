@@ -34,8 +34,8 @@ from . import ATTACK_LABELS, METHOD_ORDER
 from .tables import (
     METHOD_KEYS,
     _order,
-    _positive,
     _rounds,
+    add_final_window,
     check_cells,
     check_comparable,
     config_columns,
@@ -211,13 +211,7 @@ def add_protocol_options(p: argparse.ArgumentParser, tune_required: bool) -> Non
         metavar="KEY[,KEY...]",
         help="the settings chosen per defence by their worst case over the attacks, e.g. lr",
     )
-    p.add_argument(
-        "--final-window",
-        type=_positive,
-        default=1,
-        metavar="K",
-        help="a run's value is the mean of its last K evaluations (default 1: the final one)",
-    )
+    add_final_window(p)
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="keep only runs with this setting")
 
 
