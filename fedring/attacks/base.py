@@ -73,21 +73,16 @@ class ModelAttack:
     receives the rows as the clients sent them (float32) instead, and does its float64
     arithmetic one column block at a time (:func:`columns`, :func:`by_columns`), with the same
     float64 values as on float64 copies of the rows: rank 0 then holds no float64 copy of every
-    honest row (docs/figures.md, "Memory at ResNet-18 size"). An attack that needs the honest
-    rows centred in float64 as one array, for a Gram matrix, declares ``overwrites_honest``: its
-    :meth:`craft` centres ``honest`` in place, and :meth:`__call__` hands it a float64 copy of
-    its own unless the caller gives its float64 rows up (``overwrite_honest``).
+    honest row (docs/figures.md, "Memory at ResNet-18 size"); Gram matrices and products with a
+    d-vector are summed over column blocks too (:func:`row_products`).
     """
 
     name: ClassVar[str]
     kind: ClassVar[str] = "model"
     knowledge: str = "own"
     blockwise: ClassVar[bool] = False
-    overwrites_honest: ClassVar[bool] = False
 
-    def __call__(
-        self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext, overwrite_honest: bool = False
-    ) -> np.ndarray:
+    def __call__(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         """Malicious gradients.
 
         Parameters
@@ -97,9 +92,6 @@ class ModelAttack:
         honest : ndarray, shape (h, d), or None
             Honest gradients of the round; used only when ``knowledge == "omniscient"``.
         ctx : AttackContext
-        overwrite_honest : bool, default False
-            The caller no longer needs ``honest``: an attack that ``overwrites_honest`` may
-            centre it in place when it is float64, instead of copying it (as scipy's ``overwrite_a``).
 
         Returns
         -------
@@ -118,9 +110,7 @@ class ModelAttack:
                 raise ValueError(
                     f"attack {self.name}: honest must be (h, {byz.shape[1]}) with h >= 1, got {honest.shape}"
                 )
-            if self.overwrites_honest:
-                honest = honest.astype(np.float64, copy=not overwrite_honest)
-            elif not self.blockwise:
+            if not self.blockwise:
                 honest = honest.astype(np.float64, copy=False)
         else:
             honest = None
@@ -215,12 +205,43 @@ def column_sum(rows: np.ndarray) -> np.ndarray:
     return columns(lambda x: x.sum(axis=0), rows)
 
 
-def float64_rows(rows: np.ndarray, overwrite: bool = False) -> np.ndarray:
-    """``rows`` as a C-contiguous float64 array to centre in place: ``rows`` itself with
-    ``overwrite`` if it already is one (the caller gives it up), else a copy."""
-    if overwrite and rows.dtype == np.float64 and rows.flags.c_contiguous and rows.flags.writeable:
-        return rows
-    return np.array(rows, dtype=np.float64, order="C")
+#: columns per block of the sums over every column (Gram matrices, products with a d-vector):
+#: 100 float64 rows of 2^18 columns are 200 MiB. Up to this many columns there is one block.
+GRAM_BLOCK = 1 << 18
+
+
+def row_products(
+    rows: np.ndarray, fn: Callable[[slice, np.ndarray], tuple[np.ndarray, ...]], block: int | None = None
+) -> tuple[np.ndarray, ...]:
+    """The sums over all columns that ``fn`` takes of one block, added up block by block.
+
+    ``fn(c, x)`` gets the columns ``c`` of ``rows`` as a fresh C-contiguous float64 array ``x``
+    (its own, to centre in place) and returns arrays that sum over those columns: x xᵀ, x v[c],
+    row norms ... The result is their sum over the blocks of :data:`GRAM_BLOCK` columns, in
+    column order, with never more than one block in float64. Up to ``GRAM_BLOCK`` columns that
+    is ``fn`` of the whole float64 array, bit for bit; above, the blocks' partial sums are added
+    in another order than one product over all d columns would take, so the sums may differ in
+    their last bits (docs/attacks.md, "Memory: float64 arithmetic in column blocks").
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    >>> row_products(x, lambda c, b: (b @ b.T, b.sum(axis=1)), block=2)
+    (array([[ 5., 14.],
+           [14., 50.]]), array([ 3., 12.]))
+    """
+    total: tuple[np.ndarray, ...] = ()
+    for c in column_blocks(rows.shape[1], block or GRAM_BLOCK):
+        part = fn(c, np.array(rows[:, c], dtype=np.float64, order="C"))
+        total = part if not total else tuple(t + p for t, p in zip(total, part))
+    return total
+
+
+def squared_distances(gram: np.ndarray) -> np.ndarray:
+    """Squared distances between rows from their Gram matrix (ties and round-off clipped at 0)."""
+    sq = np.diag(gram)
+    return np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0)
 
 
 def by_columns(shape: tuple[int, int], dtype, fill: Callable[[slice], np.ndarray]) -> np.ndarray:

@@ -17,16 +17,18 @@ import numpy as np
 from fedring.validate import choice, real
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack, column_blocks, column_sum, float64_rows, known, mean, std
-
-
-def _sq_dists(rows: np.ndarray) -> np.ndarray:
-    """Squared distances between the rows of a float64 array, which this centres in place
-    (smaller norms, less cancellation in the Gram form)."""
-    rows -= rows.mean(axis=0)
-    gram = rows @ rows.T
-    sq = np.diag(gram).copy()
-    return np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0)
+from .base import (
+    ATTACKS,
+    AttackContext,
+    ModelAttack,
+    column_blocks,
+    column_sum,
+    known,
+    mean,
+    row_products,
+    squared_distances,
+    std,
+)
 
 
 def _krum_pick(dist: np.ndarray, f: int) -> int:
@@ -46,7 +48,6 @@ def fang_krum_lambda(
     tol: float = 1e-5,
     start: float | None = None,
     copies_last: bool = False,
-    overwrite: bool = False,
 ) -> tuple[float, bool]:
     r"""Fang et al.'s λ for the Krum attack, and whether Krum then picks an attacker.
 
@@ -63,11 +64,10 @@ def fang_krum_lambda(
     False). Krum breaks ties towards the lower index, so the order decides exact ties: with one
     neighbour a copy's score equals that of its nearest benign row, and only the copies-first
     order lets the copy win. The distances from the copies to the benign rows are quadratics in
-    λ with precomputed coefficients, so each trial costs O(n^2), not O(n^2 d). They need the
-    benign rows in float64 as one array (row norms and Gram products in column blocks would sum
-    in another order): a float64 copy of ``benign`` (with ``overwrite``, ``benign`` itself if it
-    is a C-contiguous float64 array), centred in place once the norms and the products with s
-    are taken.
+    λ with precomputed coefficients, so each trial costs O(n^2), not O(n^2 d); the one O(n d)
+    pass sums the row norms, the products with s and the Gram matrix of the centred rows (smaller
+    norms, less cancellation) one column block at a time
+    (:func:`~fedring.attacks.base.row_products`).
 
     Parameters
     ----------
@@ -76,7 +76,6 @@ def fang_krum_lambda(
     b : number of crafted copies.  f : Krum's parameter.  lr : learning rate η.
     tol : stop threshold on λ.  start : initial λ instead of Fang's bound.
     copies_last : put the copies after the benign rows in the simulated Krum.
-    overwrite : ``benign`` may be centred in place.
 
     Examples
     --------
@@ -99,11 +98,17 @@ def fang_krum_lambda(
     """
     h, d = benign.shape
     n = b + h
-    own = float64_rows(benign, overwrite)
-    norms = np.sqrt(np.einsum("ij,ij->i", own, own))
-    sg = own @ s
-    dist_bb = _sq_dists(own)
-    del own
+    centre = mean(benign)
+
+    def products(c: slice, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        norms = np.einsum("ij,ij->i", x, x)
+        sg = x @ s[c]
+        x -= centre[c]
+        return norms, sg, x @ x.T
+
+    sq_norms, sg, gram = row_products(benign, products)
+    norms = np.sqrt(sq_norms)
+    dist_bb = squared_distances(gram)
     k = min(max(n - f - 2, 0), h - 1)
     nearest = np.sort(np.sqrt(dist_bb), axis=1)[:, 1 : k + 1].sum(axis=1)
     if start is None:
@@ -168,7 +173,6 @@ class FangKrum(ModelAttack):
 
     name = "fang_krum"
     blockwise = True
-    overwrites_honest = True
 
     def __init__(self, variant: str = "full", tol: float = 1e-5):
         self.variant = choice("attack.variant", variant, ("full", "partial"))
@@ -187,7 +191,7 @@ class FangKrum(ModelAttack):
         if self.variant == "full":
             honest = known(honest)
             s = np.sign(column_sum(byz) + column_sum(honest))
-            lam, _ = fang_krum_lambda(honest, s, b, ctx.f, ctx.lr, self.tol, overwrite=True)
+            lam, _ = fang_krum_lambda(honest, s, b, ctx.f, ctx.lr, self.tol)
             return np.broadcast_to(-(lam / ctx.lr) * s, byz.shape)
         s = np.sign(column_sum(byz))
         for supporters in range(1, b):

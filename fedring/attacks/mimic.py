@@ -7,7 +7,7 @@ import numpy as np
 from fedring.validate import integer
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack, float64_rows, known
+from .base import ATTACKS, AttackContext, ModelAttack, known, mean, row_products
 
 
 def mimic_target(honest: np.ndarray) -> int:
@@ -18,12 +18,16 @@ def mimic_target(honest: np.ndarray) -> int:
 
     z is computed exactly from the h x h Gram matrix of the centred gradients (its top
     eigenvector u gives z ∝ Cᵀu and |C z| ∝ |u|), so no random start and no sign ambiguity.
-    Ties go to the lowest index. The Gram matrix needs the centred rows in float64 as one array:
-    the one float64 (h, d) array this makes, centred in place.
+    Ties go to the lowest index. The Gram matrix is summed one column block at a time
+    (:func:`~fedring.attacks.base.row_products`).
     """
-    centred = float64_rows(honest)  # a copy: the attackers send one of the rows
-    centred -= centred.mean(axis=0)
-    _, vecs = np.linalg.eigh(centred @ centred.T)
+    mu = mean(honest)
+
+    def gram(c: slice, x: np.ndarray) -> tuple[np.ndarray]:
+        x -= mu[c]
+        return (x @ x.T,)
+
+    _, vecs = np.linalg.eigh(row_products(honest, gram)[0])
     return int(np.argmax(np.abs(vecs[:, -1])))
 
 

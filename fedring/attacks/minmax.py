@@ -6,7 +6,7 @@ import numpy as np
 
 from fedring.validate import choice, real
 
-from .base import ATTACKS, AttackContext, ModelAttack, float64_rows, known, mean, std
+from .base import ATTACKS, AttackContext, ModelAttack, known, mean, row_products, squared_distances, std
 
 PERTURBATIONS = ("unit_vec", "std", "sign")
 
@@ -33,7 +33,6 @@ def min_max_sum_gamma(
     gamma_init: float = 10.0,
     tol: float = 1e-5,
     bound: str = "max",
-    overwrite: bool = False,
 ) -> float:
     r"""The largest γ found by the authors' search such that μ − γ·dev meets the constraint.
 
@@ -52,18 +51,17 @@ def min_max_sum_gamma(
 
     so γ ∈ (0, 2 γ_init). Returns γ_succ (0 when no γ tried satisfied the constraint).
     With c_i = g_i − μ, ‖μ − γ·dev − g_i‖² = ‖c_i‖² + 2γ⟨c_i, dev⟩ + γ²‖dev‖², so each trial
-    costs O(h) after one O(h d) pass.
-
-    The distances need the centred rows in float64 as one array (a Gram product in column
-    blocks would sum in another order): a float64 copy of ``honest`` centred in place, or, with
-    ``overwrite``, ``honest`` itself if it is a C-contiguous float64 array.
+    costs O(h) after one O(h d) pass, which sums the Gram matrix of the centred rows and their
+    products with dev one column block at a time (:func:`~fedring.attacks.base.row_products`).
     """
-    centred = float64_rows(honest, overwrite)
-    centred -= centred.mean(axis=0)
-    gram = centred @ centred.T
-    sq = np.diag(gram).copy()
-    pair = np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0)
-    lin, quad = centred @ dev, float(dev @ dev)
+    mu = mean(honest)
+
+    def products(c: slice, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x -= mu[c]
+        return x @ x.T, x @ dev[c]
+
+    gram, lin = row_products(honest, products)
+    sq, pair, quad = np.diag(gram), squared_distances(gram), float(dev @ dev)
     if kind == "minmax":
         limit = pair.max()
         ok = lambda gamma: (sq + 2 * gamma * lin + gamma**2 * quad).max() <= limit  # noqa: E731
@@ -120,7 +118,6 @@ class MinMax(ModelAttack):
     name = "minmax"
     knowledge = "omniscient"
     blockwise = True
-    overwrites_honest = True
     constraint = "minmax"
 
     def __init__(self, perturbation: str = "std", gamma_init: float = 10.0, tol: float = 1e-5):
@@ -129,16 +126,16 @@ class MinMax(ModelAttack):
         self.tol = real("attack.tol", tol, lo=0.0, lo_open=True)
         self.bound = "max"
 
-    def gamma(self, honest: np.ndarray, overwrite: bool = False) -> tuple[float, np.ndarray]:
-        """γ* and dev for these honest gradients (``overwrite``: centre ``honest`` in place)."""
+    def gamma(self, honest: np.ndarray) -> tuple[float, np.ndarray]:
+        """γ* and dev for these honest gradients."""
         dev = perturbation(honest, self.perturbation)
-        gamma = min_max_sum_gamma(honest, self.constraint, dev, self.gamma_init, self.tol, self.bound, overwrite)
+        gamma = min_max_sum_gamma(honest, self.constraint, dev, self.gamma_init, self.tol, self.bound)
         return gamma, dev
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         honest = known(honest)
         mu = mean(honest)
-        gamma, dev = self.gamma(honest, overwrite=True)
+        gamma, dev = self.gamma(honest)
         return np.broadcast_to(mu - gamma * dev, byz.shape)
 
 

@@ -132,15 +132,14 @@ class Adversary:
                 grads[k] = attack(grads[k : k + 1], None, self.context(rng, t, cohort=cohort))[0]
             return
         crafted = None
-        # float64 honest rows, cast as they arrive, for an attack that centres them in place
-        dtype = grads.dtype if attack.blockwise and not attack.overwrites_honest else np.float64
+        dtype = grads.dtype if attack.blockwise else np.float64  # cast as the rows arrive
         byz, honest = self.learn(grads, attack.knowledge == "omniscient", dtype)
         if byz is not None:
             if cohort is not None:  # the cohort's rows only
                 byz = byz[cohort.member[self.byzantine]]
                 honest = None if honest is None else honest[cohort.member[~self.is_byzantine]]
             rng = generator(self.cfg.seed, Stream.ATTACK, step=t)
-            crafted = attack(byz, honest, self.context(rng, t, reference, cohort), overwrite_honest=True)
+            crafted = attack(byz, honest, self.context(rng, t, reference, cohort))
             del byz, honest  # before the scatter and the server's own gather
         mine = self.net.scatter_from_server(crafted, attackers, "adversary", grads.shape[1:], grads.dtype)
         grads[local] = mine
