@@ -15,6 +15,7 @@ import re
 import shlex
 
 import pytest
+import torch
 from conftest import ROOT, fedring_many, many_printed
 
 TOUR = ROOT / "README.md"
@@ -36,6 +37,14 @@ def tour_commands() -> list[tuple[list[str], str, str]]:
                 quoted += [m for m in [PROGRESS.match(after)] if m]
             out.append((shlex.split(line[2:]), quoted[-1].group(3), quoted[-1].group(4)))
     return out
+
+
+def figures_capability() -> str:
+    """The PyTorch CPU kernels the tour's figures were printed with, as the README names them."""
+    text = TOUR.read_text()
+    match = re.search(r"PyTorch \S+ runs its (\S+)\s+kernels", text)
+    assert match, "the README names the CPU kernels its figures come from"
+    return match.group(1).replace("-", "")
 
 
 def test_the_tour_quotes_its_commands():
@@ -63,10 +72,16 @@ def printed(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(4))
 def test_tour_command_prints_the_quoted_figures(printed, index):
+    """The quoted byte counts everywhere (no arithmetic decides them); the quoted accuracies to the
+    printed digit on the kind of CPU the README names, and elsewhere the claims they illustrate
+    (the undefended mean at chance, the defences far above it): other kernels round otherwise."""
     argv, accuracy, sent = tour_commands()[index]
     last = [m for m in map(PROGRESS.match, printed[str(index)].splitlines()) if m][-1]
     assert last.group(1) == last.group(2)  # the run's final round
-    assert (last.group(3), last.group(4)) == (accuracy, sent)
+    assert last.group(4) == sent
+    if torch.backends.cpu.get_cpu_capability() == figures_capability():
+        assert last.group(3) == accuracy
     if "--attack" in argv:
         defended = "--aggregator" in argv  # the mean is the default rule
-        assert (float(accuracy) > 0.8) if defended else (float(accuracy) < 0.15)
+        for printed_accuracy in (accuracy, last.group(3)):
+            assert (float(printed_accuracy) > 0.8) if defended else (float(printed_accuracy) < 0.15)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from fedring.aggregators import nonfinite_rows
 from fedring.job import Entry, Recorder
@@ -84,7 +85,13 @@ class TrainJob:
         self.bytes_sent_total = 0  # rank 0's count (the ledgers are gathered there)
 
     def file_attrs(self) -> dict:
-        return {"n_clients": self.tr.cfg.n_clients, "n_parameters": self.tr.d}
+        return {
+            "n_clients": self.tr.cfg.n_clients,
+            "n_parameters": self.tr.d,
+            # what the arithmetic ran on: other kernels round differently (docs/training.md)
+            "torch_version": str(torch.__version__),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        }
 
     def begin(self, recorder: Recorder) -> None:
         recorder.write("byzantine/clients", self.tr.byzantine)
