@@ -1,5 +1,6 @@
-"""The ``device`` setting (fedring/train/device.py): refused where it cannot hold, and the GPU path
-against the CPU one where a GPU is visible."""
+"""The ``device`` setting (fedring/train/device.py): refused where it cannot hold, the device path
+(clients' updates and optimizer rows as torch tensors) against the host path on the CPU, and the
+GPU path against the CPU one where a GPU is visible."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ import numpy as np
 import pytest
 import torch
 from conftest import fedring
+from mpi4py import MPI
 
+from fedring.config import Config
+from fedring.results import ResultsFile, read_checkpoint
 from fedring.train.device import Staging
+from fedring.train.loop import train_round
 from fedring.train.models import flatten, make_model
+from fedring.train.task import TrainTask
+from fedring.train.trainer import PER_RANK, Trainer
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
 
@@ -66,6 +73,98 @@ def test_staging_moves_parameters_and_gradients_exactly():
     stage.grad_into(gpu, got)
     assert np.array_equal(got, np.float32(0.5) * w)
     assert not np.shares_memory(got, w)
+    on_device = stage.output(got)
+    stage.grad_into(gpu, on_device)
+    assert on_device.device.type == "cuda"
+    stage.upload(on_device, got)
+    assert np.array_equal(got, np.float32(0.5) * w)
+
+
+def trainer(host_path: bool | None = None, **settings) -> Trainer:
+    cfg = Config(**{"dataset": "synthetic", "clients": 4, "rounds": 3, "quiet": True, **settings})
+    TrainTask(cfg, 1)
+    return Trainer(cfg, MPI.COMM_WORLD, host_path)
+
+
+def uploads(tr: Trainer, rounds: int) -> list[np.ndarray]:
+    """Each round's uploads, copied before the ring sums into them."""
+    seen = []
+    aggregate = tr.topology.aggregate
+
+    def record(grads, *args):
+        seen.append(grads.copy())
+        return aggregate(grads, *args)
+
+    tr.topology.aggregate = record
+    for t in range(rounds):
+        train_round(tr, t)
+    return seen
+
+
+#: client-side settings whose every operation is elementwise: the device path is the host path's bits
+ELEMENTWISE = {
+    "momentum": dict(momentum=0.9),
+    "nesterov": dict(momentum=0.9, nesterov=True),
+    "local steps, weight decay": dict(local_steps=3, weight_decay=0.01, momentum=0.5),
+    "batched": dict(batched_clients=3, local_steps=2, weight_decay=0.01, momentum=0.9, nesterov=True),
+}
+
+
+@pytest.mark.parametrize("settings", ELEMENTWISE.values(), ids=ELEMENTWISE.keys())
+def test_device_path_uploads_are_the_host_paths_bit_for_bit(settings):
+    """Three rounds on the CPU: every upload, the weights and the momentum rows are equal bit for bit;
+    the device path's rows are tensors on the trainer's device."""
+    host, device = trainer(**settings), trainer(host_path=False, **settings)
+    assert host.stage.on_host and not device.stage.on_host
+    for a, b in zip(uploads(host, 3), uploads(device, 3), strict=True):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert np.array_equal(host.w.view(np.uint32), device.w.view(np.uint32))
+    rows = device.client_state["m"]
+    assert isinstance(rows, torch.Tensor) and rows.device == device.device
+    assert np.array_equal(host.client_state["m"].view(np.uint32), rows.numpy().view(np.uint32))
+
+
+@pytest.mark.parametrize("local_steps", [1, 3])
+def test_device_path_clips_within_the_norms_rounding(local_steps):
+    """Clipping scales by ``c / ||g||`` with the norm summed in float64, in another order by torch
+    than by numpy: the norms differ by about 1e-16 relative, which can move the float32 factor by
+    one ulp (6e-8 relative) and, over 3 local steps and 3 rounds, the weights they are taken at.
+    Bound: 1e-6 of the largest upload entry (a wrong step or row would differ by O(1)); with one
+    local step and no momentum every upload is a clipped gradient, of norm c. Measured: equal bit
+    for bit on these runs."""
+    c = 0.01  # far below the synthetic model's gradient norms: every mini-batch gradient is clipped
+    settings = dict(clip_norm=c, local_steps=local_steps, weight_decay=0.0 if local_steps == 1 else 0.01)
+    for a, b in zip(uploads(trainer(**settings), 3), uploads(trainer(host_path=False, **settings), 3), strict=True):
+        assert np.abs(a - b).max() <= 1e-6 * np.abs(a).max()
+        if local_steps == 1:
+            np.testing.assert_allclose(np.linalg.norm(b.astype(np.float64), axis=1), c, rtol=1e-6)
+
+
+def test_device_rows_checkpoint_and_resume(tmp_path):
+    """Device-resident momentum rows are checkpointed through host memory and restored onto the
+    device: 2 rounds, checkpoint, a new trainer restores it and runs 2 more, bit for bit the
+    uninterrupted 4 rounds."""
+    settings = dict(momentum=0.9, local_steps=2, rounds=4, out=str(tmp_path / "run.h5"))
+    whole, first = trainer(host_path=False, **settings), trainer(host_path=False, **settings)
+    for t in range(2):
+        train_round(whole, t), train_round(first, t)
+    results = ResultsFile(settings["out"], {})
+    results.write_checkpoint(first.checkpoint_arrays(), {})
+    results.h5.close()
+    with h5py.File(settings["out"]) as f:
+        stored = f["checkpoint/a/client_m"][()]
+        found = read_checkpoint(f, PER_RANK)
+    assert found is not None
+    assert np.array_equal(stored, first.client_state["m"].numpy())
+    resumed = trainer(host_path=False, **settings)
+    resumed.restore(found[0])
+    rows = resumed.client_state["m"]
+    assert isinstance(rows, torch.Tensor) and rows.device == resumed.device
+    assert np.array_equal(rows.numpy(), stored)
+    for t in range(2, 4):
+        train_round(whole, t), train_round(resumed, t)
+    assert np.array_equal(whole.w.view(np.uint32), resumed.w.view(np.uint32))
+    assert torch.equal(whole.client_state["m"], resumed.client_state["m"])
 
 
 def test_bench_train_times_the_same_steps_as_the_bare_loop(fedring_cli, tmp_path):

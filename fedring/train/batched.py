@@ -35,6 +35,8 @@ from torch.func import functional_call, grad_and_value, vmap
 from fedring.errors import ConfigError
 from fedring.rng import Stream, generator
 
+from .optim import Vector, f32
+
 if TYPE_CHECKING:
     from .trainer import Trainer
 
@@ -73,9 +75,9 @@ class BatchedClients:
 
         self.step = vmap(grad_and_value(loss))
 
-    def weights(self, w_local: np.ndarray) -> dict[str, torch.Tensor]:
+    def weights(self, w_local: Vector) -> dict[str, torch.Tensor]:
         """``(B, d)`` flat weights as the model's parameters, each ``(B, *shape)``, on the device."""
-        flat = self.tr.stage.tensor(w_local)
+        flat = torch.as_tensor(w_local)  # the host path's numpy rows, shared
         out, k = {}, 0
         for name, shape in zip(self.names, self.shapes):
             m = shape.numel()
@@ -96,7 +98,7 @@ class BatchedClients:
     def chunk(self, t: int, first: int, held: list[int], batch_loss: np.ndarray) -> None:
         tr, B = self.tr, self.size
         lay, cfg = tr.layout, tr.cfg
-        lr = np.float32(tr.lr_at(t))
+        lr = f32(tr.lr_at(t))
         attack = tr.adversary.data_attack
         draws = {}
         for c in held:
@@ -104,8 +106,9 @@ class BatchedClients:
             rng = generator(cfg.seed, Stream.BATCH, client=c, step=t)
             draws[c] = (tr.local_batches(tr.data.shards[k], rng), generator(cfg.seed, Stream.POISON, client=c, step=t))
         steps = cfg.local_steps
-        w_local = np.tile(tr.w, (B, 1))
-        g = np.empty((B, tr.d), np.float32)
+        w = tr.stage.vector(tr.w)  # on the device path: device vectors and rows
+        w_local, g = tr.stage.empty((B, tr.d)), tr.stage.empty((B, tr.d))
+        w_local[:] = w
         for step in range(steps):
             batches = {}
             for c in held:
@@ -117,7 +120,7 @@ class BatchedClients:
             x = np.stack([s[0] for s in slots])
             y = np.stack([s[1] for s in slots])
             grads, losses = self.step(self.weights(w_local), tr.stage.tensor(x), tr.stage.tensor(y))
-            g[:] = torch.cat([grads[n].reshape(B, -1) for n in self.names], dim=1).cpu().numpy()
+            g[:] = torch.cat([grads[n].reshape(B, -1) for n in self.names], dim=1)
             if step == 0:
                 first_loss = losses.cpu().numpy()
             for c in held:
@@ -128,8 +131,10 @@ class BatchedClients:
         for c in held:
             s, k = c - first, c - lay.lo
             out = tr.grads[k]
-            out[:] = (tr.w - w_local[s]) / lr if steps > 1 else g[s]
-            tr.client_opt.direction(tr.client_state, k, out)
+            u = tr.stage.output(out)
+            u[:] = (w - w_local[s]) / lr if steps > 1 else g[s]
+            tr.client_opt.direction(tr.client_state, k, u)
+            tr.stage.upload(u, out)
             if attack is not None and tr.adversary.poisons(c) and attack.scale != 1:
                 out *= np.float32(attack.scale)
             batch_loss[c] = float(first_loss[s])

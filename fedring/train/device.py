@@ -3,10 +3,13 @@
 ``cpu`` (the default) runs everything as before, bit for bit. ``cuda`` puts each rank on the
 GPU of its node-local rank (MPI's shared-memory split) modulo the visible GPUs, so several
 ranks may share one; ``CUDA_VISIBLE_DEVICES`` chooses which GPUs are visible. ``auto`` is
-``cuda`` where a GPU is visible, else ``cpu``. The flat float32 vectors the protocols move stay
-in host memory (the comm layer moves numpy buffers); on a GPU they pass through pinned host
-buffers (:class:`Staging`). The clients' optimizer rows (:mod:`fedring.train.optim`: momentum)
-are numpy arithmetic on those host vectors, so they stay in host memory too.
+``cuda`` where a GPU is visible, else ``cpu``. On a GPU a client's whole update stays on it: the
+flattened mini-batch gradients, clipping and weight decay, the local SGD steps, the
+pseudo-gradient and the momentum, with the clients' optimizer rows (:mod:`fedring.train.optim`)
+kept there as tensors (:class:`Staging`'s device path). The flat float32 vectors the protocols
+move stay in host memory (the comm layer moves numpy buffers): each upload crosses once per
+client and round, the shared weights once per client, through a pinned host buffer. A checkpoint
+copies the rows to host memory and ``--resume`` back (:mod:`fedring.train.state`).
 
 On a GPU, :func:`select` turns on PyTorch's deterministic algorithms and sets
 ``CUBLAS_WORKSPACE_CONFIG``: the same seed gives the same file on the same GPU model and
@@ -25,6 +28,7 @@ from torch import nn
 from fedring.errors import ConfigError
 
 from .models import flat_grad_into, load_flat
+from .optim import Vector
 
 #: cuBLAS's deterministic workspace (PyTorch's reproducibility notes); set before cuBLAS starts
 CUBLAS_WORKSPACE = ":4096:8"
@@ -73,18 +77,22 @@ def describe(comm: MPI.Comm, device: torch.device) -> str:
 
 
 class Staging:
-    """The flat float32 vectors between host memory and a model's parameters on ``device``.
+    """The flat float32 vectors of a client's update, and their way between host memory and a
+    model's parameters on ``device``.
 
-    On the CPU these are :func:`fedring.train.models.load_flat` and
-    :func:`~fedring.train.models.flat_grad_into` themselves (so CPU runs stay bit-identical);
-    on a GPU every copy goes through one pinned host buffer of ``d`` floats and one device vector.
+    On the *host path* (the CPU) the vectors are numpy arrays and loads and gradients are
+    :func:`fedring.train.models.load_flat` and :func:`~fedring.train.models.flat_grad_into`
+    themselves, so CPU runs stay bit-identical. On the *device path* (a GPU) they are tensors on
+    the device: a client's whole update is computed there, and a host array crosses only through
+    one pinned host buffer of ``d`` floats (:meth:`vector`, :meth:`upload`, and :meth:`load` and
+    :meth:`grad_into` of a host array). ``host_path=False`` runs the device path on the CPU (tests compare the two paths).
     """
 
-    def __init__(self, device: torch.device, d: int):
+    def __init__(self, device: torch.device, d: int, host_path: bool | None = None):
         self.device = device
-        self.on_host = device.type == "cpu"
+        self.on_host = device.type == "cpu" if host_path is None else host_path
         if not self.on_host:
-            self.host = torch.empty(d, dtype=torch.float32, pin_memory=True)
+            self.host = torch.empty(d, dtype=torch.float32, pin_memory=device.type == "cuda")
             self.flat = torch.empty(d, dtype=torch.float32, device=device)
 
     def tensor(self, array: np.ndarray) -> torch.Tensor:
@@ -92,31 +100,63 @@ class Staging:
         t = torch.from_numpy(array)
         return t if self.on_host else t.to(self.device)
 
-    def load(self, model: nn.Module, vec: np.ndarray) -> None:
-        """The parameters from ``vec`` (float32, length d)."""
+    def empty(self, shape: tuple[int, ...]) -> Vector:
+        """An uninitialised float32 array of this path's kind."""
         if self.on_host:
-            load_flat(model, vec)
-            return
-        self.host.numpy()[:] = vec
-        self.flat.copy_(self.host)  # synchronous: the next load may overwrite the host buffer at once
-        with torch.no_grad():  # copies: the parameters must not alias the staging vector
+            return np.empty(shape, np.float32)
+        return torch.empty(shape, dtype=torch.float32, device=self.device)
+
+    def copy(self, vec: Vector) -> Vector:
+        """A copy of ``vec``, of the same kind."""
+        return vec.copy() if isinstance(vec, np.ndarray) else vec.clone()
+
+    def vector(self, array: np.ndarray) -> Vector:
+        """The host vector ``array`` on this path: itself on the host path, else a device copy."""
+        if self.on_host:
+            return array
+        self.host.numpy()[:] = array
+        return self.host.to(self.device, copy=True)
+
+    def output(self, out: np.ndarray) -> Vector:
+        """Where a vector bound for the host array ``out`` is built: ``out`` itself on the host path,
+        else a new device vector that :meth:`upload` copies into ``out``."""
+        return out if self.on_host else self.empty(out.shape)
+
+    def upload(self, vec: Vector, out: np.ndarray) -> None:
+        """``vec`` from :meth:`output` into ``out`` (on the host path it is ``out`` already)."""
+        if isinstance(vec, torch.Tensor):
+            self.host.copy_(vec)
+            out[:] = self.host.numpy()
+
+    def load(self, model: nn.Module, vec: Vector) -> None:
+        """The parameters from ``vec`` (float32, length d): a host array, or a vector of this path's kind."""
+        if isinstance(vec, np.ndarray):
+            if self.on_host:
+                load_flat(model, vec)
+                return
+            self.host.numpy()[:] = vec
+            self.flat.copy_(self.host)  # synchronous: the next load may overwrite the host buffer at once
+            vec = self.flat
+        with torch.no_grad():  # copies: the parameters must not alias the vector
             k = 0
             for p in model.parameters():
                 m = p.numel()
-                p.copy_(self.flat[k : k + m].view_as(p))
+                p.copy_(vec[k : k + m].view_as(p))
                 k += m
 
-    def grad_into(self, model: nn.Module, out: np.ndarray) -> None:
-        """The gradients into ``out`` (float32, length d), in parameter order."""
-        if self.on_host:
+    def grad_into(self, model: nn.Module, out: Vector) -> None:
+        """The gradients into ``out`` (float32, length d): a host array, or a vector of this path's kind;
+        in parameter order."""
+        if isinstance(out, np.ndarray) and self.on_host:
             flat_grad_into(model, out)
             return
+        flat = self.flat if isinstance(out, np.ndarray) else out
         with torch.no_grad():
             k = 0
             for p in model.parameters():
                 m = p.numel()
                 assert p.grad is not None, "grad_into after a backward pass"
-                self.flat[k : k + m].copy_(p.grad.reshape(-1))
+                flat[k : k + m].copy_(p.grad.reshape(-1))
                 k += m
-        self.host.copy_(self.flat)
-        out[:] = self.host.numpy()
+        if isinstance(out, np.ndarray):
+            self.upload(flat, out)

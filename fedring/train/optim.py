@@ -2,8 +2,11 @@
 
 Each optimizer is ``init(d) -> state`` and ``update(state, g, ...) -> (step, state)`` in the style
 of optax: ``state`` is a dict of numpy arrays (what a checkpoint stores), the caller applies
-``w <- w - step``. Every operation is float32 numpy, elementwise, in a fixed order, so the same
-inputs give the same bits on every rank and after ``--resume``. ``docs/training.md`` explains the
+``w <- w - step``. Every operation is float32, elementwise, in a fixed order, so the same
+inputs give the same bits on every rank and after ``--resume``. The client side's formulas are
+written once for numpy arrays and, off the CPU, torch tensors on the device (its rows too;
+:class:`fedring.train.device.Staging`): the same in-place operations in the same order, only
+clipping's float64 norm is summed in another order. ``docs/training.md`` explains the
 choices (why the client uploads its momentum vector, what a server optimizer does to the sign
 rules' output).
 
@@ -26,7 +29,10 @@ Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2, with ``
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import torch
 
 from fedring.errors import ConfigError
 from fedring.registry import Registry
@@ -34,23 +40,50 @@ from fedring.validate import real
 
 F32 = np.float32
 State = dict[str, np.ndarray]
+#: a client's float32 vector or rows: a numpy array on the host path, a torch tensor on the device
+#: path (:class:`fedring.train.device.Staging`); Any, as the run picks the kind, not the code
+Vector = Any
+ClientState = dict[str, Vector]
+
+
+def f32(x: float) -> float:
+    """``x`` rounded to float32, as a Python float: numpy (NEP 50) and torch alike multiply a float32
+    vector by it in float32, where torch takes no numpy scalar.
+
+    >>> f32(0.1)
+    0.10000000149011612
+    """
+    return float(F32(x))
 
 
 # ---------------------------------------------------------------------------------------------
 # Client optimizer
 
 
-def clip(g: np.ndarray, c: float) -> np.ndarray:
-    """``g * min(1, c / ||g||)`` in place (the norm in float64); a zero vector stays zero.
+def norm64(g: Vector) -> float:
+    """``||g||_2`` summed in float64: numpy's sum for an array, torch's (another order) for a tensor.
+
+    >>> norm64(np.array([3, 4], np.float32)), norm64(torch.tensor([3.0, 4.0]))
+    (5.0, 5.0)
+    """
+    if isinstance(g, torch.Tensor):
+        return float(torch.linalg.vector_norm(g, dtype=torch.float64))
+    return float(np.linalg.norm(g.astype(np.float64)))
+
+
+def clip(g: Vector, c: float) -> Vector:
+    """``g * min(1, c / ||g||)`` in place (the norm in float64, :func:`norm64`); a zero vector stays zero.
 
     >>> clip(np.array([3, 4], np.float32), 1.0).tolist()
     [0.6000000238418579, 0.800000011920929]
     >>> clip(np.array([0.3, 0.4], np.float32), 1.0).tolist()  # inside the ball: unchanged
     [0.30000001192092896, 0.4000000059604645]
+    >>> clip(torch.tensor([3.0, 4.0]), 1.0).tolist()
+    [0.6000000238418579, 0.800000011920929]
     """
-    norm = float(np.linalg.norm(g.astype(np.float64)))
+    norm = norm64(g)
     if norm > c:
-        g *= F32(c / norm)
+        g *= f32(c / norm)
     return g
 
 
@@ -58,7 +91,8 @@ class ClientOptimizer:
     """Per-client gradient clipping, weight decay and heavy-ball (or Nesterov) momentum.
 
     ``momentum = beta`` keeps one buffer ``m_i`` per client (``state["m"]``, a row per local
-    client: O(local clients x d) per rank); without momentum the state is empty.
+    client: O(local clients x d) per rank, in host memory or on the device); without momentum the
+    state is empty. Vectors and rows are all numpy arrays or all tensors on one device.
 
     >>> opt = ClientOptimizer(momentum=0.5)
     >>> m = opt.init(2, 2)
@@ -86,23 +120,28 @@ class ClientOptimizer:
     def transforms_gradient(self) -> bool:
         return self.weight_decay != 0 or self.clip_norm is not None
 
-    def init(self, n_local: int, d: int) -> State:
-        return {"m": np.zeros((n_local, d), F32)} if self.momentum else {}
+    def init(self, n_local: int, d: int, device: torch.device | None = None) -> ClientState:
+        """The rows of ``n_local`` clients: numpy arrays, or tensors on ``device``."""
+        if not self.momentum:
+            return {}
+        if device is None:
+            return {"m": np.zeros((n_local, d), F32)}
+        return {"m": torch.zeros((n_local, d), dtype=torch.float32, device=device)}
 
-    def gradient(self, g: np.ndarray, w: np.ndarray) -> np.ndarray:
+    def gradient(self, g: Vector, w: Vector) -> Vector:
         """One mini-batch gradient ``g`` at the local weights ``w``: clipped, then weight decay (in place)."""
         if self.clip_norm is not None:
             clip(g, self.clip_norm)
         if self.weight_decay:
-            g += F32(self.weight_decay) * w
+            g += f32(self.weight_decay) * w
         return g
 
-    def direction(self, state: State, k: int, u: np.ndarray) -> np.ndarray:
+    def direction(self, state: ClientState, k: int, u: Vector) -> Vector:
         """The vector local client ``k`` uploads for its update direction ``u``; updates its buffer ``m_k``
         (in place, as ``u``)."""
         if not self.momentum:
             return u
-        m, beta = state["m"][k], F32(self.momentum)
+        m, beta = state["m"][k], f32(self.momentum)
         m *= beta
         m += u
         if self.nesterov:

@@ -28,9 +28,12 @@ def _counts(layout: Layout, width: int) -> tuple[np.ndarray, np.ndarray]:
     return counts, np.concatenate([[0], np.cumsum(counts)[:-1]])
 
 
-def checkpoint_rows(comm: MPI.Comm, layout: Layout, local: np.ndarray) -> CheckpointRows | None:
+def checkpoint_rows(comm: MPI.Comm, layout: Layout, local: np.ndarray | torch.Tensor) -> CheckpointRows | None:
     """Collective: every client's rows as a checkpoint array on rank 0 (:class:`CheckpointRows`); the
-    other ranks send their block, which rank 0 receives when it writes, and get None."""
+    other ranks send their block, which rank 0 receives when it writes, and get None. Rows on a
+    device are copied to host memory first."""
+    if isinstance(local, torch.Tensor):
+        local = local.cpu().numpy()
     if layout.rank != 0:
         comm.Send(np.ascontiguousarray(local), dest=0)
         return None
@@ -57,9 +60,15 @@ class CheckpointRows:
             ds[bounds[r] : bounds[r + 1]] = block
 
 
-def rows_from_file(comm: MPI.Comm, layout: Layout, path: str | None, name: str, out: np.ndarray) -> None:
+def rows_from_file(comm: MPI.Comm, layout: Layout, path: str | None, name: str, out: np.ndarray | torch.Tensor) -> None:
     """Collective: this rank's block of the current checkpoint's ``name`` into ``out``; rank 0 reads
-    each rank's block from the file ``path`` in turn and sends it, never holding more than one block."""
+    each rank's block from the file ``path`` in turn and sends it, never holding more than one block.
+    Rows on a device are read into host memory and copied there."""
+    if isinstance(out, torch.Tensor):
+        host = torch.empty(out.shape, dtype=out.dtype)
+        rows_from_file(comm, layout, path, name, host.numpy())
+        out.copy_(host)
+        return
     if layout.rank != 0:
         comm.Recv(out, source=0)
         return

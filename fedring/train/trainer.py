@@ -28,7 +28,7 @@ from .batched import BatchedClients
 from .data import FederatedData, Shard
 from .device import Staging, describe, select
 from .models import flatten, make_model
-from .optim import ClientOptimizer, make_server_optimizer
+from .optim import ClientOptimizer, f32, make_server_optimizer
 from .participation import Cohort, from_config
 from .schedules import make_schedule
 from .state import ModelBuffers, checkpoint_rows, rows_from_file
@@ -148,7 +148,9 @@ class Adversary:
 class Trainer:
     """The state of one run on one rank: its clients' data, the model replica, the network."""
 
-    def __init__(self, cfg: Config, comm: MPI.Comm):
+    def __init__(self, cfg: Config, comm: MPI.Comm, host_path: bool | None = None):
+        """``host_path=False`` computes the clients' updates on the device path on the CPU too
+        (:class:`fedring.train.device.Staging`; tests compare the paths)."""
         torch.set_num_threads(cfg.threads)
         self.cfg, self.comm = cfg, comm
         self.layout = Layout(cfg.n_clients, comm)
@@ -158,7 +160,7 @@ class Trainer:
         self.device = select(cfg.device, comm)
         self.device_line = describe(comm, self.device) if cfg.device != "cpu" else ""
         self.model.to(self.device)
-        self.stage = Staging(self.device, self.w.size)
+        self.stage = Staging(self.device, self.w.size, host_path)
         self.w0 = self.w.copy()  # the drift diagnostic measures w_t - w_0
         self.d = self.w.size
         self.schedule = make_schedule(cfg.lr_schedule, cfg.section(cfg.lr_schedule))
@@ -179,7 +181,9 @@ class Trainer:
         )
         self.grads = np.empty((self.layout.n_local, self.d), np.float32)
         self.client_opt = ClientOptimizer(cfg.momentum, cfg.nesterov, cfg.weight_decay, cfg.clip_norm)
-        self.client_state = self.client_opt.init(self.layout.n_local, self.d)
+        self.client_state = self.client_opt.init(
+            self.layout.n_local, self.d, None if self.stage.on_host else self.device
+        )
         self.server_opt = make_server_optimizer(cfg.server_optimizer, cfg.section(cfg.server_optimizer))
         self.server_state = self.server_opt.init(self.d)  # the same on every replica: it sees the same updates
         self.rows_comm = comm.Dup()  # checkpoint rows, apart from the protocol's messages
@@ -271,10 +275,11 @@ class Trainer:
         rng = generator(self.cfg.seed, Stream.BATCH, client=client, step=t)
         poison_rng = generator(self.cfg.seed, Stream.POISON, client=client, step=t)
         shard = self.data.shards[k]
-        lr = np.float32(self.lr_at(t))
+        lr = f32(self.lr_at(t))
         data_attack = self.adversary.data_attack if self.adversary.poisons(client) else None
         steps = self.local_steps(shard)
-        w_local = self.w.copy() if steps > 1 else self.w
+        w, g = self.stage.vector(self.w), self.stage.output(out)  # on the device path: device vectors
+        w_local = self.stage.copy(w) if steps > 1 else w
         self.buffers.use(k)
         first_loss = 0.0
         for step, (x, y) in enumerate(self.local_batches(shard, rng)):
@@ -283,16 +288,17 @@ class Trainer:
             loss = self._backward(x, y)
             if step == 0:
                 first_loss = loss
-            self.stage.grad_into(self.model, out)
-            self.client_opt.gradient(out, w_local)
+            self.stage.grad_into(self.model, g)
+            self.client_opt.gradient(g, w_local)
             if steps > 1:
-                w_local -= lr * out
+                w_local -= lr * g
                 self.stage.load(self.model, w_local)
         self.buffers.keep(k)
         if steps > 1:
-            out[:] = (self.w - w_local) / lr
-            self.stage.load(self.model, self.w)
-        self.client_opt.direction(self.client_state, k, out)
+            g[:] = (w - w_local) / lr
+            self.stage.load(self.model, w)
+        self.client_opt.direction(self.client_state, k, g)
+        self.stage.upload(g, out)
         if data_attack is not None and data_attack.scale != 1:
             out *= np.float32(data_attack.scale)
         return first_loss
