@@ -98,6 +98,61 @@ def pytest_configure(config):
     subprocess.Popen.__init__ = _counting_popen_init
 
 
+#: test files that share one SLURM cluster (the ``slurm_cluster`` fixture): one xdist worker runs them
+SLURM_FILES = ("tests/test_slurm.py", "tests/test_tutorial.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The SLURM files first (mostly waiting for the cluster, while another worker computes), then the
+    files with the most slow tests, then those with the most MPI jobs, each file's tests in their
+    order: under ``-n`` a worker takes a whole file at a time, and a long file started last would
+    leave the other worker idle at the end."""
+    weight: Counter = Counter()
+    for item in items:
+        weight[item.nodeid.split("::")[0]] += 1000 * bool(item.get_closest_marker("slow")) + bool(
+            item.get_closest_marker("mpi")
+        )
+    order = {item.nodeid: i for i, item in enumerate(items)}
+    items.sort(
+        key=lambda item: (
+            item.nodeid.split("::")[0] not in SLURM_FILES,
+            -weight[item.nodeid.split("::")[0]],
+            order[item.nodeid],
+        )
+    )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``-n N``: each worker takes whole files (module fixtures, such as shared reference runs, are
+    made once), in the order above; the files that use the SLURM cluster go to one worker together."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            return "slurm" if path in SLURM_FILES else path
+
+    config.option.loadscopereorder = False
+    return FileScheduling(config, log)
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker hands its launch and CPU counts to the controller, which prints the summary."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["launches"] = [[test, kind, n] for (test, kind), n in LAUNCHES.items()]
+        output["cpu"] = dict(CPU)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    output = getattr(node, "workeroutput", {})
+    for test, kind, n in output.get("launches", []):
+        LAUNCHES[test, kind] += n
+    CPU.update(output.get("cpu", {}))
+
+
 def pytest_terminal_summary(terminalreporter):
     """Print how many processes each test file launched (the suite's time goes mostly to launches:
     about 2 CPU seconds a rank that imports torch) and the CPU time each file took (setup, call and
@@ -190,6 +245,34 @@ training.train_round = train_round
 from fedring.cli import main
 sys.exit(main(sys.argv[2:]))
 """
+
+
+#: ``python paused.py ROUND SECONDS ARGS...``: fedring run ARGS, every rank pausing SECONDS before round
+#: ROUND (0-based): a signal or a kill sent once an earlier round is reported lands mid-run however fast
+#: the rounds are.
+PAUSE_AT_ROUND = """
+import sys, time
+import fedring.train.loop as training
+original = training.train_round
+def train_round(tr, t):
+    if t == int(sys.argv[1]):
+        time.sleep(float(sys.argv[2]))
+    return original(tr, t)
+training.train_round = train_round
+from fedring.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def paused_at_round(
+    tmp_path: Path, ranks: int, round_: int, seconds: float, args: list[str], **popen
+) -> subprocess.Popen:
+    """Start fedring ARGS under ``ranks`` ranks (not waiting), every rank pausing ``seconds`` before
+    round ``round_``; ``popen`` goes to :class:`subprocess.Popen`."""
+    script = tmp_path / "paused.py"
+    script.write_text(PAUSE_AT_ROUND)
+    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, str(script), str(round_), str(seconds), *args]
+    return subprocess.Popen(cmd, env=mpi_env(), cwd=ROOT, text=True, **popen)
 
 
 def exit_code(main, argv: list[str]) -> int:

@@ -81,7 +81,7 @@ def test_staging_moves_parameters_and_gradients_exactly():
 
 
 def trainer(host_path: bool | None = None, **settings) -> Trainer:
-    cfg = Config(**{"dataset": "synthetic", "clients": 4, "rounds": 3, "quiet": True, **settings})
+    cfg = Config(**{"dataset": "synthetic", "model": "mlp", "clients": 4, "rounds": 3, "quiet": True, **settings})
     TrainTask(cfg, 1)
     return Trainer(cfg, MPI.COMM_WORLD, host_path)
 

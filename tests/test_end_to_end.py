@@ -14,7 +14,7 @@ from fedring.attacks import ATTACKS
 from fedring.comm.brace import SIGN_RULES
 from fedring.comm.ring import RING_RULES
 
-COMMON = ["--dataset", "synthetic", "--clients", "7", "--quiet", "--lr", "0.01"]
+COMMON = ["--dataset", "synthetic", "--model", "mlp", "--clients", "7", "--quiet", "--lr", "0.01"]
 RULES = sorted(AGGREGATORS)
 #: Attacks run against the server's mean (a robust rule may rightly leave the model as it
 #: was, so only the mean shows every attack's effect) and against BRACE on the ring; 2 of 7

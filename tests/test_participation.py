@@ -15,7 +15,7 @@ from fedring.errors import ConfigError
 from fedring.rng import Stream, generator
 from fedring.train.participation import Participation, check_settings, cohort_f, cohort_size, read_availability
 
-D_CNN = 139_960
+D_MLP = 79_510  # the mlp's parameters: the end-to-end runs train it (cheaper than the cnn)
 
 
 def ring_bytes(m: int, d: int, itemsize: int = 4) -> np.ndarray:
@@ -241,7 +241,7 @@ def test_members_train_the_others_keep_their_rows(topology):
 
 # ------------------------------------------------------------------------------ end-to-end runs
 
-SMALL = ["--dataset", "synthetic", "--clients", "9", "--rounds", "6", "--eval-every", "2", "--quiet"]
+SMALL = ["--dataset", "synthetic", "--model", "mlp", "--clients", "9", "--rounds", "6", "--eval-every", "2", "--quiet"]
 #: an availability table: round 2 nobody, round 4 only clients 7 and 8
 TABLE = np.ones((6, 9), np.uint8)
 TABLE[2] = 0
@@ -338,9 +338,9 @@ def test_ring_bytes_are_the_cohort_ring_and_the_catch_up(runs):
     for t in range(6):
         members = p.cohort(t)
         expected = np.zeros(9, np.int64)
-        expected[members] = ring_bytes(len(members), D_CNN)
+        expected[members] = ring_bytes(len(members), D_MLP)
         for client in p.draw(t, np.zeros(9, bool), 0).stale:
-            expected[members[np.searchsorted(members, client) - 1]] += 4 * D_CNN
+            expected[members[np.searchsorted(members, client) - 1]] += 4 * D_MLP
         np.testing.assert_array_equal(sent[t], expected)
 
 
@@ -352,8 +352,8 @@ def test_server_bytes_are_the_cohort_uploads_downloads_and_catch_up(runs):
         sent, server = f["comm/bytes_sent"][:], f["comm/server_bytes_sent"][:]
     for t in range(6):
         cohort = p.draw(t, np.zeros(9, bool), 0)
-        np.testing.assert_array_equal(sent[t], 4 * D_CNN * cohort.member)
-        assert server[t] == 4 * D_CNN * (cohort.size + len(cohort.stale))
+        np.testing.assert_array_equal(sent[t], 4 * D_MLP * cohort.member)
+        assert server[t] == 4 * D_MLP * (cohort.size + len(cohort.stale))
 
 
 @pytest.mark.mpi

@@ -5,18 +5,19 @@ The uninterrupted reference runs are made once per module, in one job (``fedring
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import h5py
 import pytest
-from conftest import MPIEXEC, ROOT, crash_at_round, fedring, fedring_many, many_printed, mpi_env, wait_for_unlock
+from conftest import MPIEXEC, crash_at_round, fedring, fedring_many, many_printed, paused_at_round, wait_for_unlock
 
 from fedring.results import read_checkpoint
 
 RUN = [
     "--dataset",
     "synthetic",
+    "--model",
+    "mlp",
     "--clients",
     "4",
     "--rounds",
@@ -134,40 +135,35 @@ def test_signal_checkpoints_and_exits_75_then_resumes(tmp_path, reference):
     if MPIEXEC is None:
         pytest.skip("mpiexec not found")
     out = tmp_path / "run.h5"
-    # progress lines on (rounds 2, 20, 40, 60 into a pipe), 60 rounds: the signal sent at round 20 lands mid-run
-    slow = [*RUN[:5], "60", *RUN[6:-1]]
-    proc = subprocess.Popen(
-        [MPIEXEC, "-n", "2", sys.executable, "-m", "fedring", *slow, "--out", str(out)],
-        env=mpi_env(),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    # progress lines on (round 2 is the first into a pipe); the ranks pause before round 5 (0-based 4),
+    # so the signal sent once round 2 is reported lands mid-run
+    proc = paused_at_round(
+        tmp_path, 2, 4, 30, [*RUN[:-1], "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    wait_for_round(proc, 4)
+    wait_for_round(proc, 2)
     proc.send_signal(signal.SIGUSR1)  # mpiexec forwards it to the ranks
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 75, stderr
     stopped = snapshot(out)
-    assert stopped["status"] == "preempted" and 3 <= stopped["rounds"] < 60
+    assert stopped["status"] == "preempted" and 2 <= stopped["rounds"] < 7  # signalled after round 2
     with h5py.File(out) as f:
         assert read_checkpoint(f)[1]["round"] == stopped["rounds"]
-    fedring(2, *slow, "--out", str(out), "--resume")
-    finished = snapshot(out)
-    assert finished["status"] == "complete" and finished["rounds"] == 60
+    fedring(2, *RUN, "--out", str(out), "--resume")
+    assert snapshot(out) == reference
 
 
 def test_kill_9_then_resume_from_last_checkpoint(tmp_path, reference):
     if MPIEXEC is None:
         pytest.skip("mpiexec not found")
     out = tmp_path / "run.h5"
-    proc = subprocess.Popen(
-        [MPIEXEC, "-n", "2", sys.executable, "-m", "fedring", *RUN[:-1], "--out", str(out)],
-        env=mpi_env(),
-        cwd=ROOT,
+    proc = paused_at_round(
+        tmp_path,
+        2,
+        4,
+        30,
+        [*RUN[:-1], "--out", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        text=True,
         start_new_session=True,
     )
     wait_for_round(proc, 2)  # the first progress line (into a pipe: the first, every tenth and the last)

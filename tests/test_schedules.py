@@ -58,9 +58,11 @@ def metrics(path, *names):
         return [f[name][:] for name in names]
 
 
-#: BRACE for 20 rounds with a step schedule, resumed after a crash in round 14
+#: BRACE for 20 rounds with a step schedule, resumed after a crash in round 14 (the mlp: the model does not matter)
 STEP = [
     *BRACE,
+    "--model",
+    "mlp",
     "--rounds",
     "20",
     "--eval-every",
