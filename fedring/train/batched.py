@@ -106,7 +106,7 @@ class BatchedClients:
             rng = generator(cfg.seed, Stream.BATCH, client=c, step=t)
             draws[c] = (tr.local_batches(tr.data.shards[k], rng), generator(cfg.seed, Stream.POISON, client=c, step=t))
         steps = cfg.local_steps
-        w = tr.stage.vector(tr.w)  # on the device path: device vectors and rows
+        w = tr.w_staged  # on the device path: device vectors and rows
         w_local, g = tr.stage.empty((B, tr.d)), tr.stage.empty((B, tr.d))
         w_local[:] = w
         for step in range(steps):

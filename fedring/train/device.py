@@ -8,7 +8,7 @@ flattened mini-batch gradients, clipping and weight decay, the local SGD steps, 
 pseudo-gradient and the momentum, with the clients' optimizer rows (:mod:`fedring.train.optim`)
 kept there as tensors (:class:`Staging`'s device path). The flat float32 vectors the protocols
 move stay in host memory (the comm layer moves numpy buffers): each upload crosses once per
-client and round, the shared weights once per client, through a pinned host buffer. A checkpoint
+client and round, the shared weights once per round (``Trainer.load_weights``), through a pinned host buffer. A checkpoint
 copies the rows to host memory and ``--resume`` back (:mod:`fedring.train.state`).
 
 On a GPU, :func:`select` turns on PyTorch's deterministic algorithms and sets

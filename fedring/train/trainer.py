@@ -161,6 +161,9 @@ class Trainer:
         self.device_line = describe(comm, self.device) if cfg.device != "cpu" else ""
         self.model.to(self.device)
         self.stage = Staging(self.device, self.w.size, host_path)
+        #: ``w`` as the clients' updates read it: ``w`` itself on the host path, its device copy on the device
+        #: path, made once per change of ``w`` (:meth:`load_weights`) instead of once per client
+        self.w_staged = self.stage.vector(self.w)
         self.w0 = self.w.copy()  # the drift diagnostic measures w_t - w_0
         self.d = self.w.size
         self.schedule = make_schedule(cfg.lr_schedule, cfg.section(cfg.lr_schedule))
@@ -221,12 +224,17 @@ class Trainer:
             return {k[len(prefix) :]: np.array(v) for k, v in arrays.items() if k.startswith(prefix)}
 
         self.w[:] = arrays["w"]
-        self.stage.load(self.model, self.w)
+        self.load_weights()
         self.topology.state.update(prefixed("state_"))
         self.server_state.update(prefixed("optim_"))
         for name, local in self.client_state.items():
             rows_from_file(self.rows_comm, self.layout, self.cfg.out, f"client_{name}", local)
         self.buffers.restore(arrays.get("buffers"))
+
+    def load_weights(self) -> None:
+        """After ``w`` changed: its staged copy and the model's parameters."""
+        self.w_staged = self.stage.vector(self.w)
+        self.stage.load(self.model, self.w_staged)
 
     def lr_at(self, t: int) -> float:
         """The step size of round ``t``: ``lr`` times the schedule's factor."""
@@ -278,7 +286,7 @@ class Trainer:
         lr = f32(self.lr_at(t))
         data_attack = self.adversary.data_attack if self.adversary.poisons(client) else None
         steps = self.local_steps(shard)
-        w, g = self.stage.vector(self.w), self.stage.output(out)  # on the device path: device vectors
+        w, g = self.w_staged, self.stage.output(out)  # on the device path: device vectors
         w_local = self.stage.copy(w) if steps > 1 else w
         self.buffers.use(k)
         first_loss = 0.0
@@ -320,7 +328,7 @@ class Trainer:
         eta = self.server_opt.eta(self.cfg.lr, self.schedule.factor(t, self.cfg.rounds))
         step, self.server_state = self.server_opt.update(self.server_state, update, eta)
         self.w -= step
-        self.stage.load(self.model, self.w)
+        self.load_weights()
         self.buffers.aggregate(None if cohort is None else cohort.member)
 
     def weight_mean_change(self) -> float:
