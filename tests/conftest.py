@@ -107,19 +107,15 @@ def pytest_collection_modifyitems(config, items):
     files with the most slow tests, then those with the most MPI jobs, each file's tests in their
     order: under ``-n`` a worker takes a whole file at a time, and a long file started last would
     leave the other worker idle at the end."""
+
+    def path(item):
+        return item.nodeid.split("::")[0]
+
     weight: Counter = Counter()
     for item in items:
-        weight[item.nodeid.split("::")[0]] += 1000 * bool(item.get_closest_marker("slow")) + bool(
-            item.get_closest_marker("mpi")
-        )
+        weight[path(item)] += 1000 * bool(item.get_closest_marker("slow")) + bool(item.get_closest_marker("mpi"))
     order = {item.nodeid: i for i, item in enumerate(items)}
-    items.sort(
-        key=lambda item: (
-            item.nodeid.split("::")[0] not in SLURM_FILES,
-            -weight[item.nodeid.split("::")[0]],
-            order[item.nodeid],
-        )
-    )
+    items.sort(key=lambda item: (path(item) not in SLURM_FILES, -weight[path(item)], order[item.nodeid]))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -232,31 +228,19 @@ def many_printed(workdir: Path, rank: int = 0) -> dict[str, str]:
     return json.loads((workdir / f"runs.json.printed.{rank}").read_text())
 
 
-#: ``python crash.py ROUND ARGS...``: fedring run ARGS, raising in round ROUND (0-based) on every rank.
-CRASH_AT_ROUND = """
-import sys
-import fedring.train.loop as training
-original = training.train_round
-def train_round(tr, t):
-    if t == int(sys.argv[1]):
-        raise RuntimeError("injected failure on purpose")
-    return original(tr, t)
-training.train_round = train_round
-from fedring.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
-
-
-#: ``python paused.py ROUND SECONDS ARGS...``: fedring run ARGS, every rank pausing SECONDS before round
-#: ROUND (0-based): a signal or a kill sent once an earlier round is reported lands mid-run however fast
-#: the rounds are.
-PAUSE_AT_ROUND = """
+#: ``python at_round.py ROUND ACTION ARGS...``: fedring run ARGS, every rank doing ACTION at the start of
+#: round ROUND (0-based): ``raise`` (an exception) or ``sleep:S`` (a pause of S seconds, so that a signal or
+#: a kill sent once an earlier round is reported lands mid-run however fast the rounds are).
+AT_ROUND = """
 import sys, time
 import fedring.train.loop as training
 original = training.train_round
+round_, action = int(sys.argv[1]), sys.argv[2]
 def train_round(tr, t):
-    if t == int(sys.argv[1]):
-        time.sleep(float(sys.argv[2]))
+    if t == round_:
+        if action == "raise":
+            raise RuntimeError("injected failure on purpose")
+        time.sleep(float(action.removeprefix("sleep:")))
     return original(tr, t)
 training.train_round = train_round
 from fedring.cli import main
@@ -264,14 +248,19 @@ sys.exit(main(sys.argv[3:]))
 """
 
 
+def at_round_command(tmp_path: Path, round_: int, action: str, args: list[str]) -> list[str]:
+    """``python at_round.py ROUND ACTION ARGS`` (:data:`AT_ROUND`, written into ``tmp_path``)."""
+    script = tmp_path / "at_round.py"
+    script.write_text(AT_ROUND)
+    return [str(script), str(round_), action, *args]
+
+
 def paused_at_round(
     tmp_path: Path, ranks: int, round_: int, seconds: float, args: list[str], **popen
 ) -> subprocess.Popen:
     """Start fedring ARGS under ``ranks`` ranks (not waiting), every rank pausing ``seconds`` before
     round ``round_``; ``popen`` goes to :class:`subprocess.Popen`."""
-    script = tmp_path / "paused.py"
-    script.write_text(PAUSE_AT_ROUND)
-    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, str(script), str(round_), str(seconds), *args]
+    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, *at_round_command(tmp_path, round_, f"sleep:{seconds}", args)]
     return subprocess.Popen(cmd, env=mpi_env(), cwd=ROOT, text=True, **popen)
 
 
@@ -334,9 +323,7 @@ def analysis_cli(capsys, monkeypatch):
 
 def crash_at_round(tmp_path: Path, ranks: int, round_: int, args: list[str]) -> subprocess.CompletedProcess:
     """Run fedring ARGS under ``ranks`` ranks with an exception injected in round ``round_``."""
-    script = tmp_path / "crash.py"
-    script.write_text(CRASH_AT_ROUND)
-    proc = run_mpi(ranks, [str(script), str(round_), *args], check=False)
+    proc = run_mpi(ranks, at_round_command(tmp_path, round_, "raise", args), check=False)
     assert proc.returncode != 0 and "injected failure on purpose" in proc.stderr
     return proc
 
