@@ -97,6 +97,53 @@ def test_ring_over_mpi(tmp_path, ranks, n, d):
     assert counted == expected_bytes(n, d, 4).tolist()
 
 
+HOPS_SCRIPT = """
+import numpy as np
+from mpi4py import MPI
+from fedring.comm import Layout, Network, all_gather, reduce_scatter
+from fedring.comm.ring import chunk_bounds
+
+def idle(k, c):  # an ahead with no work: ring_step takes its hop-by-hop loop
+    return ()
+
+def ring(rows, n, bounds, hops_at_once):
+    net = Network(Layout(n))
+    ahead = None if hops_at_once else idle
+    reduce_scatter(net, rows, bounds, ahead=ahead)
+    all_gather(net, rows, bounds, ahead=ahead)
+    return {p: net.ledger.phase_bytes(p) for p in ("reduce_scatter", "all_gather")}
+
+checked = 0
+for n in [1, 2, 3, 4, 5, 6, 7, 13, 100]:
+    if n < MPI.COMM_WORLD.size:
+        continue
+    lay = Layout(n)
+    for d in sorted({1, 5, n - 1, n, 3 * n + 2, 1000}):
+        rng = np.random.default_rng([n, d])
+        irregular = np.concatenate([[0], np.sort(rng.integers(0, d + 1, n - 1)), [d]])
+        floats = rng.standard_normal((n, d)).astype(np.float32)
+        counts = rng.integers(-128, 128, (n, d), dtype=np.int8)  # sums wrap alike
+        for X, bounds in [(floats, chunk_bounds(d, n)), (floats, irregular), (counts, chunk_bounds(d, n))]:
+            fast, slow = X[lay.lo : lay.hi].copy(), X[lay.lo : lay.hi].copy()
+            fast_bytes, slow_bytes = ring(fast, n, bounds, True), ring(slow, n, bounds, False)
+            assert fast.tobytes() == slow.tobytes(), (n, d, X.dtype, bounds)
+            for phase in fast_bytes:
+                assert np.array_equal(fast_bytes[phase], slow_bytes[phase]), (n, d, phase)
+            checked += 1
+if MPI.COMM_WORLD.rank == 0:
+    print("CHECKED", checked)
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.mpi), pytest.param(3, marks=pytest.mark.mpi)])
+def test_hops_at_once_equal_the_hop_by_hop_loop(tmp_path, ranks):
+    """A step's hops within a rank, applied at once, give the loop's rows and byte counts bit for bit."""
+    script = tmp_path / "hops.py"
+    script.write_text(HOPS_SCRIPT)
+    out = run_mpi(ranks, [str(script)]).stdout
+    assert int(out.split("CHECKED")[1].split()[0]) > 0
+
+
 @pytest.mark.mpi
 def test_bench_comm_measures_every_ring_rule_with_exact_bytes(tmp_path):
     """``bench comm`` on 2 ranks: per rank, the float32 ring sends d/2 floats in each phase (4d

@@ -137,6 +137,10 @@ class Ledger:
     def add(self, client: int, phase: str, nbytes: int) -> None:
         self.clients[phase][client] += nbytes
 
+    def add_many(self, clients: np.ndarray, phase: str, nbytes: np.ndarray) -> None:
+        """:meth:`add` for distinct ``clients`` at once, ``nbytes[k]`` for ``clients[k]``."""
+        self.clients[phase][clients] += nbytes
+
     def add_server(self, phase: str, nbytes: int) -> None:
         self.server[phase] += nbytes
 
@@ -171,8 +175,17 @@ class SubLedger(Ledger):
     def add(self, client: int, phase: str, nbytes: int) -> None:
         self.parent.add(int(self.ids[client]), phase, nbytes)
 
+    def add_many(self, clients: np.ndarray, phase: str, nbytes: np.ndarray) -> None:
+        self.parent.add_many(self.ids[clients], phase, nbytes)
+
     def add_server(self, phase: str, nbytes: int) -> None:
         self.parent.add_server(phase, nbytes)
+
+
+def add(mine: np.ndarray, incoming: np.ndarray) -> None:
+    """``mine += incoming``: the ring's sum, a ``combine`` that :meth:`Network.ring_step` applies
+    to all of a step's hops within a rank at once."""
+    mine += incoming
 
 
 #: communicators over subsets of the ranks that a :class:`Network` keeps (:meth:`Network.over`)
@@ -377,8 +390,11 @@ class Network:
 
         ``rows`` holds the rows of this rank's clients, ``bounds`` the chunk offsets. The
         chunk a client sends is never the chunk it receives in the same step, so hops can be
-        applied one after the other in place. A protocol checks its rows once, with
-        :meth:`check_rows`, before its first step.
+        applied one after the other in place, or all at once: with :func:`add` or None and no
+        ``ahead``, the hops within this rank are a few numpy operations (:meth:`_local_hops`),
+        for which ``chunk_of`` is called with an array of client ids (it maps them
+        elementwise, as :func:`fedring.comm.ring.rotation` does). A protocol checks its rows
+        once, with :meth:`check_rows`, before its first step.
         """
         lay, n = self.layout, self.n_clients
         if n == 1:
@@ -405,6 +421,9 @@ class Network:
                 incoming = self._recv_buffer(rows, mine.size)
                 self._exchange(outgoing, incoming, lambda seg: combine(mine[seg], incoming[seg]), work)
             self.ledger.add(last, phase, outgoing.nbytes)
+        if ahead is None and (combine is None or combine is add):
+            self._local_hops(rows, bounds, chunk_of, combine is add, phase)
+            return
         for i in range(first, last + (lay.size == 1)):
             j = (i + 1) % n
             for piece in ahead(j - first, chunk_of(i)) if ahead else ():
@@ -412,6 +431,33 @@ class Network:
             payload = chunk(i - first, chunk_of(i))
             deliver(chunk(j - first, chunk_of(i)), payload)
             self.ledger.add(i, phase, payload.nbytes)
+
+    def _local_hops(self, rows: np.ndarray, bounds: np.ndarray, chunk_of: Callable, summing: bool, phase: str) -> None:
+        """The hops of :meth:`ring_step` between clients of this rank, one strided numpy operation
+        per run of hops that move adjacent chunks of one size along consecutive rows (a handful
+        for a rotation over ``array_split`` bounds) instead of one per hop, for speed. Each
+        element gets the same operation on the same operands as in the loop: the same bits. The runs
+        are views of the buffer of ``rows`` (C-contiguous, as :meth:`check_rows` requires)."""
+        lay, n = self.layout, self.n_clients
+        senders = np.arange(lay.lo, lay.hi - (lay.size > 1))
+        if not len(senders):
+            return
+        chunks = np.asarray(chunk_of(senders))
+        starts, sizes = bounds[chunks], bounds[chunks + 1] - bounds[chunks]
+        receivers = (senders + 1) % n - lay.lo
+        goes_on = (np.diff(starts) == sizes[:-1]) & (np.diff(sizes) == 0) & (np.diff(receivers) == 1)
+        firsts = np.flatnonzero(np.concatenate([[True], ~goes_on]))
+        row, item = rows.strides
+        for a, b in zip(firsts.tolist(), [*firsts[1:].tolist(), len(senders)]):
+            size, start = int(sizes[a]), int(starts[a]) * item
+            strides = (row + size * item, item)  # the next row's next chunk
+            mine = np.ndarray((b - a, size), rows.dtype, rows, int(receivers[a]) * row + start, strides)
+            theirs = np.ndarray((b - a, size), rows.dtype, rows, int(senders[a] - lay.lo) * row + start, strides)
+            if summing:
+                mine += theirs
+            else:
+                mine[...] = theirs
+        self.ledger.add_many(senders, phase, sizes * rows.itemsize)
 
     @_timed
     def gather_to_server(self, local: np.ndarray, phase: str, clients: np.ndarray | None = None) -> np.ndarray | None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from fedring.registry import Registry
 
-from .network import Network, block_bounds
+from .network import Network, add, block_bounds
 
 #: the rules that aggregate over the ring (``--topology ring --aggregator NAME``)
 RING_RULES = Registry("ring rule")
@@ -35,12 +35,9 @@ RING_RULES = Registry("ring rule")
 chunk_bounds = block_bounds
 
 
-def _add(mine: np.ndarray, incoming: np.ndarray) -> None:
-    mine += incoming
-
-
 def rotation(shift: int, n: int) -> Callable[[int], int]:
-    """``chunk_of`` for :meth:`Network.ring_step`: client ``i`` sends chunk ``(i + shift) mod n``.
+    """``chunk_of`` for :meth:`Network.ring_step`: client ``i`` sends chunk ``(i + shift) mod n``
+    (elementwise for an array of clients).
 
     >>> [rotation(-1, 4)(i) for i in range(4)]
     [3, 0, 1, 2]
@@ -60,7 +57,7 @@ def reduce_scatter(
         net.check_rows(rows)
     n = net.n_clients
     for s in range(n - 1):
-        net.ring_step(rows, bounds, rotation(-s, n), _add, phase, ahead)
+        net.ring_step(rows, bounds, rotation(-s, n), add, phase, ahead)
 
 
 def all_gather(
