@@ -10,6 +10,9 @@ per client ``zero_grad``, forward, backward, add; then ``p -= lr * sum / K`` (wi
 ``Allreduce`` of the flat sum when there are several ranks). Rounds are interleaved (one of each
 in turn, :func:`fedring.bench.comm._time`), so a change of the machine's load hits both alike;
 the figures are medians over the rounds, after one untimed round of each.
+On a GPU both loops run under the deterministic algorithms a run turns on
+(:func:`fedring.train.device.select`); ``--nondeterministic`` turns them off for both, so that
+the two runs' times give their cost.
 
 With ``--batched-clients B``, a second fedring run with ``batched_clients = B``
 (:mod:`fedring.train.batched`) is interleaved too, and its speed-up over the per-client loop
@@ -109,6 +112,11 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--batched-clients", type=int, metavar="B", help="also time fedring with batched_clients = B (its speed-up)"
     )
+    p.add_argument(
+        "--nondeterministic",
+        action="store_true",
+        help="on a GPU, time without PyTorch's deterministic algorithms and with cuDNN's autotuner (their cost)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
@@ -131,6 +139,9 @@ def main(argv: list[str]) -> int:
     if args.batched_clients is not None:
         batched = Trainer(dataclasses.replace(cfg, batched_clients=args.batched_clients), comm)
         loops["fedring-batched"] = lambda t: train_round(batched, t)
+    if args.nondeterministic:  # undoes what fedring.train.device.select turned on (each Trainer calls it) for the GPU
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.benchmark = True
     impls = {name: (lambda: None, timed_round(fn, tr.device), lambda: 0) for name, fn in loops.items()}
     for _, run, _ in impls.values():
         run()  # untimed: first calls allocate and warm the caches
@@ -145,6 +156,8 @@ def main(argv: list[str]) -> int:
         "model": cfg.model,
         "dataset": cfg.dataset,
         "device": str(tr.device),
+        "device_name": torch.cuda.get_device_name(tr.device) if tr.device.type == "cuda" else "cpu",
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "threads": cfg.threads,
         "batch_size": cfg.batch_size,
         "rounds": args.rounds,
@@ -158,7 +171,8 @@ def main(argv: list[str]) -> int:
     }
     print(
         f"bench train: {cfg.clients} clients of {cfg.model} ({cfg.dataset}, batch {cfg.batch_size}) on {comm.size} "
-        f"rank{'s' if comm.size > 1 else ''}, device {tr.device}, {cfg.threads} thread(s), {args.rounds} rounds each"
+        f"rank{'s' if comm.size > 1 else ''}, device {tr.device} ({record['device_name']}), {cfg.threads} thread(s), "
+        f"{args.rounds} rounds each{'' if record['deterministic_algorithms'] or tr.device.type != 'cuda' else ', nondeterministic'}"
     )
     print(f"{'loop':<16}{'s/round':>10}{'rounds/s':>10}{'steps/s':>10}")
     for name, s in seconds.items():
