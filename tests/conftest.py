@@ -169,7 +169,7 @@ def pytest_terminal_summary(terminalreporter):
 
 def mpi_env() -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     return env
 
 
