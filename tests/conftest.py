@@ -3,6 +3,7 @@ command in this process (:func:`fedring_cli`, :func:`analysis_cli`: no interpret
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -135,6 +136,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_sessionfinish(session):
     """An xdist worker hands its launch and CPU counts to the controller, which prints the summary."""
+    Pool.close()
     output = getattr(session.config, "workeroutput", None)
     if output is not None:
         output["launches"] = [[test, kind, n] for (test, kind), n in LAUNCHES.items()]
@@ -151,19 +153,22 @@ def pytest_testnodedown(node, error):
 
 def pytest_terminal_summary(terminalreporter):
     """Print how many processes each test file launched (the suite's time goes mostly to launches:
-    about 2 CPU seconds a rank that imports torch) and the CPU time each file took (setup, call and
-    teardown); files that launched nothing and took less than half a second are left out."""
+    about 2 CPU seconds a rank that imports torch), how many of its jobs ran in the warm ranks of
+    :class:`Pool`, and the CPU time each file took (setup, call and teardown, the pool's share
+    included); files that launched nothing and took less than half a second are left out."""
     if not LAUNCHES:
         return
     terminalreporter.section("process launches and CPU seconds")
     shown = {t for t, _ in LAUNCHES} | {t for t, seconds in CPU.items() if seconds >= 0.5}
     for test in sorted(shown):
         terminalreporter.write_line(
-            f"{LAUNCHES[test, 'mpiexec']:4d} mpiexec {LAUNCHES[test, 'other']:4d} other {CPU[test]:7.1f} s  {test}"
+            f"{LAUNCHES[test, 'mpiexec']:4d} mpiexec {LAUNCHES[test, 'pooled']:4d} pooled "
+            f"{LAUNCHES[test, 'other']:4d} other {CPU[test]:7.1f} s  {test}"
         )
-    total = {kind: sum(n for (_, k), n in LAUNCHES.items() if k == kind) for kind in ("mpiexec", "other")}
+    total = {kind: sum(n for (_, k), n in LAUNCHES.items() if k == kind) for kind in ("mpiexec", "pooled", "other")}
     terminalreporter.write_line(
-        f"{total['mpiexec']:4d} mpiexec {total['other']:4d} other {sum(CPU.values()):7.1f} s  in all"
+        f"{total['mpiexec']:4d} mpiexec {total['pooled']:4d} pooled {total['other']:4d} other "
+        f"{sum(CPU.values()):7.1f} s  in all"
     )
 
 
@@ -186,8 +191,162 @@ def run_mpi(
     return proc
 
 
-def fedring(n: int, *args: str, **kw) -> subprocess.CompletedProcess:
-    return run_mpi(n, ["-m", "fedring", *args], **kw)
+#: ``python pool.py DIR PID``: the ranks of :class:`Pool`, for test process PID. Request ``K`` is the file ``DIR/req-K.json``
+#: (``{"cwd": ..., "runs": {name: argv}}``, or null to stop); every rank runs those command lines
+#: one after the other, as ``python -m fedring ARGV`` from ``cwd`` would, and rank 0 answers in
+#: ``DIR/res-K.json``: per rank, per run, [exit code, stdout, stderr]. An idle rank polls the
+#: folder: a rank waiting in MPI would spin (MPICH polls) and take a core from the tests.
+POOL = """
+import contextlib, io, itertools, json, os, signal, sys, time, warnings
+from pathlib import Path
+from mpi4py import MPI
+from conftest import exit_code
+from fedring.cli import main
+folder, comm = Path(sys.argv[1]), MPI.COMM_WORLD
+(folder / f"pid.{comm.rank}.part").write_text(str(os.getpid()))
+(folder / f"pid.{comm.rank}.part").rename(folder / f"pid.{comm.rank}")
+stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+handlers = {sig: signal.getsignal(sig) for sig in stop_signals}
+home, path = os.getcwd(), list(sys.path)
+for k in itertools.count():
+    request_file = folder / f"req-{k}.json"
+    while not request_file.exists():
+        time.sleep(0.005)
+        if not os.path.exists(f"/proc/{sys.argv[2]}"):  # the test process is gone: so is the pool
+            sys.exit(0)
+    request = json.loads(request_file.read_text())
+    if request is None:
+        break
+    os.chdir(request["cwd"])
+    sys.path[:] = [request["cwd"], *path]  # as python -m puts the working directory first
+    answer = {}
+    for name, argv in request["runs"].items():
+        out, err = io.StringIO(), io.StringIO()
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            warnings.simplefilter("default", append=True)  # a change of filters: each run warns afresh
+            code = exit_code(main, argv)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(-1)
+        answer[name] = [code, out.getvalue(), err.getvalue()]
+    os.chdir(home)
+    sys.path[:] = path
+    answers = comm.gather(answer, root=0)
+    if comm.rank == 0:
+        (folder / f"res-{k}.json.part").write_text(json.dumps(answers))
+        (folder / f"res-{k}.json.part").rename(folder / f"res-{k}.json")
+"""
+
+
+class Pool:
+    """Warm ranks, one ``mpiexec -n RANKS`` job per test process, started at its first request and
+    kept for the session: the runs meant to succeed (:func:`fedring`, :func:`fedring_many`) run in
+    it, so their ranks import torch and start MPI once per process instead of once per job. A run
+    that checks how a process ends (an exit code expected not to be 0, a signal, a crash) starts
+    its own job. A run that fails or hangs in the pool fails its test, and the next request starts
+    a fresh pool. The pool's CPU time goes to the test that made each request."""
+
+    RANKS = 2
+    job: subprocess.Popen | None = None
+    folder: Path
+    env: dict
+    requests = 0
+
+    @classmethod
+    def serves(cls, ranks: int) -> bool:
+        """Whether a job of ``ranks`` ranks runs in the pool (the tests' environment unchanged since it started)."""
+        return ranks == cls.RANKS and MPIEXEC is not None and (cls.job is None or cls.env == cls.environment())
+
+    @staticmethod
+    def environment() -> dict:
+        """The ranks' environment, but for pytest's name of the running test."""
+        return {k: v for k, v in mpi_env().items() if k != "PYTEST_CURRENT_TEST"}
+
+    @classmethod
+    def start(cls) -> None:
+        import tempfile
+
+        cls.folder = Path(tempfile.mkdtemp(prefix="fedring-pool-"))
+        (cls.folder / "pool.py").write_text(POOL)
+        cls.env, cls.requests = cls.environment(), 0
+        with open(cls.folder / "job.log", "w") as log:
+            pool = [str(cls.folder / "pool.py"), str(cls.folder), str(os.getpid())]
+            cmd = [MPIEXEC, "-n", str(cls.RANKS), sys.executable, *pool]
+            cls.job = subprocess.Popen(
+                cmd, env=cls.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    @classmethod
+    def cpu(cls) -> float:
+        """CPU seconds (user + system) the pool's ranks have used so far."""
+        ticks = 0
+        for rank in range(cls.RANKS):
+            pid = cls.folder / f"pid.{rank}"
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid.read_text()}/stat").read_text().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    @classmethod
+    def run(cls, runs: dict[str, list[str]], cwd: Path, timeout: float) -> list[dict]:
+        """Every rank's answer to one request: per run name, [exit code, stdout, stderr]."""
+        item = CURRENT[0]
+        if item is not None and item.get_closest_marker("mpi") is None:
+            pytest.fail(f"{item.nodeid} runs MPI jobs: mark it @pytest.mark.mpi")
+        if cls.job is None:
+            cls.start()
+        assert cls.job is not None
+        test = os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)").split("::")[0]
+        LAUNCHES[test, "pooled"] += 1
+        before = cls.cpu()
+        k, cls.requests = cls.requests, cls.requests + 1
+        request = cls.folder / f"req-{k}.json"
+        (cls.folder / "req.part").write_text(json.dumps({"cwd": str(cwd), "runs": runs}))
+        (cls.folder / "req.part").rename(request)
+        answer, deadline = cls.folder / f"res-{k}.json", time.monotonic() + timeout
+        while not answer.exists():
+            if cls.job.poll() is not None or time.monotonic() > deadline:
+                ended = cls.job.poll() is not None
+                cls.close()
+                log = (cls.folder / "job.log").read_text()[-5000:]
+                raise AssertionError(
+                    f"the pool's ranks {'ended' if ended else f'hung past {timeout:.0f} s'} in {runs}:\n{log}"
+                )
+            time.sleep(0.005)
+        CPU[test] += cls.cpu() - before
+        return json.loads(answer.read_text())
+
+    @classmethod
+    def close(cls) -> None:
+        if cls.job is None:
+            return
+        if cls.job.poll() is None:
+            (cls.folder / "req.part").write_text("null")
+            (cls.folder / "req.part").rename(cls.folder / f"req-{cls.requests}.json")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                cls.job.wait(timeout=10)
+        if cls.job.poll() is None:  # hung: the job's processes, its ranks with it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(cls.job.pid, signal.SIGKILL)
+            cls.job.wait()
+        cls.job = None
+
+
+def fedring(n: int, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    """``mpiexec -n n python -m fedring ARGS``; a run meant to succeed on :data:`Pool.RANKS` ranks runs in
+    the pool's warm ranks (its exit code, and what every rank printed, come back the same way)."""
+    if check and Pool.serves(n):
+        argv = [str(a) for a in args]
+        answers = Pool.run({"run": argv}, kw.get("cwd", ROOT), kw.get("timeout", 180))
+        code = next((a["run"][0] for a in answers if a["run"][0]), 0)
+        cmd = [MPIEXEC, "-n", str(n), sys.executable, "-m", "fedring", *argv]
+        proc = subprocess.CompletedProcess(
+            cmd, code, "".join(a["run"][1] for a in answers), "".join(a["run"][2] for a in answers)
+        )
+        if code != 0:
+            raise AssertionError(f"{' '.join(cmd)} (pooled) exited {code}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+    return run_mpi(n, ["-m", "fedring", *args], check=check, **kw)
 
 
 #: ``python many.py RUNS.json``: ``python -m fedring ARGS`` for every named ARGS of RUNS.json in turn,
@@ -215,10 +374,21 @@ def fedring_many(
     ranks: int, runs: dict[str, list[str]], workdir: Path, timeout: float = 600, cwd: Path = ROOT
 ) -> tuple[dict[str, int], subprocess.CompletedProcess]:
     """Run several fedring command lines one after the other in one ``mpiexec -n ranks`` job
-    (its start-up paid once), from ``cwd``: each one's exit code by name, and the job (its output;
-    what each run printed is in :func:`many_printed`)."""
+    (its start-up paid once; on :data:`Pool.RANKS` ranks, none: the pool's ranks run them), from
+    ``cwd``: each one's exit code by name, and the job (its output; what each run printed is in
+    :func:`many_printed`)."""
+    argvs = {name: [str(a) for a in args] for name, args in runs.items()}
+    if Pool.serves(ranks):
+        answers = Pool.run(argvs, cwd, timeout)
+        for rank, answer in enumerate(answers):
+            printed = {name: out for name, (_, out, _) in answer.items()}
+            (workdir / f"runs.json.printed.{rank}").write_text(json.dumps(printed))
+        codes = {name: next((a[name][0] for a in answers if a[name][0]), 0) for name in argvs}
+        stdout = "".join(out for a in answers for _, out, _ in a.values())
+        stderr = "".join(err for a in answers for _, _, err in a.values())
+        return codes, subprocess.CompletedProcess(["pooled", *argvs], 0, stdout, stderr)
     (workdir / "many.py").write_text(MANY)
-    (workdir / "runs.json").write_text(json.dumps({name: [str(a) for a in args] for name, args in runs.items()}))
+    (workdir / "runs.json").write_text(json.dumps(argvs))
     proc = run_mpi(ranks, [str(workdir / "many.py"), str(workdir / "runs.json")], timeout=timeout, cwd=cwd)
     return json.loads((workdir / "runs.json.codes").read_text()), proc
 

@@ -54,7 +54,20 @@ def test_batched_clients_match_the_per_client_loop_up_to_rounding():
 def test_the_same_file_on_any_number_of_ranks(tmp_path):
     """7 clients in chunks of 3 (0-2, 3-5, 6): on 3 ranks (blocks 0-2, 3-4, 5-6) two chunks are split
     and padded; every array of the file is the same bit for bit."""
-    args = ["--dataset", "synthetic", "--clients", "7", "--rounds", "2", "--byzantine", "2", "--attack", "labelflip"]
+    args = [
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mlp",
+        "--clients",
+        "7",
+        "--rounds",
+        "2",
+        "--byzantine",
+        "2",
+        "--attack",
+        "labelflip",
+    ]
     args += ["--set", "batched_clients=3", "--set", "local_steps=2", "--set", "momentum=0.5", "--set", "eval_every=2"]
     files = [tmp_path / f"n{n}.h5" for n in (1, 3)]
     for n, path in zip((1, 3), files):

@@ -46,7 +46,7 @@ def test_unknown_device_names_the_allowed_ones(fedring_cli, tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
 def test_auto_without_a_gpu_is_the_cpu_run_and_says_so(tmp_path):
     """On a machine without GPU, ``auto`` is ``cpu``: the banner names each rank's device, the file is the same."""
-    common = ["--dataset", "synthetic", "--clients", "4", "--rounds", "2", "--set", "eval_every=2"]
+    common = ["--dataset", "synthetic", "--model", "mlp", "--clients", "4", "--rounds", "2", "--set", "eval_every=2"]
     files = {}
     for device in ("cpu", "auto"):
         files[device] = tmp_path / f"{device}.h5"
@@ -171,7 +171,20 @@ def test_bench_train_times_the_same_steps_as_the_bare_loop(fedring_cli, tmp_path
     """Both loops end at the same model (float32 sums of 3 gradients in another order: a few ulps of
     weights below 1 per round, so 1e-6 after 3 rounds), and the printed ratio is the timed one."""
     out = tmp_path / "bench.json"
-    args = ["--clients", "3", "--rounds", "2", "--dataset", "synthetic", "--batched-clients", "2", "--json", out]
+    args = [
+        "--clients",
+        "3",
+        "--rounds",
+        "2",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mlp",
+        "--batched-clients",
+        "2",
+        "--json",
+        out,
+    ]
     result = fedring_cli("bench", "train", *args)
     assert result.returncode == 0, result.stderr
     record = json.loads(out.read_text())

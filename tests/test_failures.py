@@ -9,7 +9,7 @@ import h5py
 import pytest
 from conftest import fedring, run_mpi
 
-SMALL = ["--dataset", "synthetic", "--clients", "4", "--rounds", "2", "--quiet"]
+SMALL = ["--dataset", "synthetic", "--model", "mlp", "--clients", "4", "--rounds", "2", "--quiet"]
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ def test_existing_output_needs_overwrite(tmp_path, fedring_cli):
 @pytest.mark.slow
 def test_toml_config_and_precedence(tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text('dataset = "synthetic"\nclients = 4\nrounds = 5\nseed = 3\n')
+    cfg.write_text('dataset = "synthetic"\nmodel = "mlp"\nclients = 4\nrounds = 5\nseed = 3\n')
     out = tmp_path / "c.h5"
     fedring(1, "--config", str(cfg), "--set", "rounds=3", "--rounds", "2", "--quiet", "--out", str(out))
     with h5py.File(out) as f:

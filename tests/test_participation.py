@@ -129,7 +129,7 @@ def test_settings_are_checked(settings, message):
 
 def test_bad_settings_stop_the_run_before_any_work(tmp_path, fedring_cli):
     out = tmp_path / "r.h5"
-    base = ["run", "--dataset", "synthetic", "--clients", "9", "--rounds", "2", "--out", out]
+    base = ["run", "--dataset", "synthetic", "--model", "mlp", "--clients", "9", "--rounds", "2", "--out", out]
     (tmp_path / "bad.npy").write_bytes(b"not a numpy file")
     for extra, message in [
         (["--set", "participation=0.1", "--topology", "server", "--aggregator", "krum", "--byzantine", "2"], "krum"),

@@ -15,11 +15,13 @@ import h5py
 import pytest
 from conftest import MPIEXEC, ROOT, fedring, mpi_env, run_mpi, wait_for_unlock
 
-RUN = ["--dataset", "synthetic", "--clients", "4", "--rounds", "3", "--eval-every", "1", "--quiet"]
+RUN = ["--dataset", "synthetic", "--model", "mlp", "--clients", "4", "--rounds", "3", "--eval-every", "1", "--quiet"]
 #: a stuck-rank job hangs in round 4: eight rounds leave four for it to resume
 LONG = [
     "--dataset",
     "synthetic",
+    "--model",
+    "mlp",
     "--clients",
     "4",
     "--rounds",
@@ -236,12 +238,25 @@ sys.exit(main(sys.argv[2:]))
 @pytest.mark.slow
 def test_a_results_file_that_cannot_grow_fails_clearly_and_keeps_every_round(tmp_path):
     """The file may not grow past 3 MiB (as under ``ulimit -f``): the checkpoint of round 10
-    would pass the limit minus the reserve, so the job stops with one message before writing."""
+    would pass the limit minus the reserve, so the job stops with one message before writing.
+    The cnn's size sets the round."""
     script, out = tmp_path / "fsize.py", tmp_path / "x.h5"
     script.write_text(FSIZE_LIMIT)
     proc = run_mpi(
         2,
-        [str(script), str(3 << 20), *LONG[:-1], "--rounds", "400", "--checkpoint-every", "5", "--out", str(out)],
+        [
+            str(script),
+            str(3 << 20),
+            *LONG[:-1],
+            "--model",
+            "cnn",
+            "--rounds",
+            "400",
+            "--checkpoint-every",
+            "5",
+            "--out",
+            str(out),
+        ],
         check=False,
         timeout=120,
     )

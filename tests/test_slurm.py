@@ -107,6 +107,8 @@ def test_run_script_with_mpiexec_then_skips_complete_file(slurm, tmp_path):
         str(JOBS / "run.sbatch"),
         "--dataset",
         "synthetic",
+        "--model",
+        "mlp",
         "--clients",
         "3",
         "--rounds",

@@ -308,7 +308,7 @@ def test_local_sweep_runs_each_config_once_max_parallel_at_once_with_a_log_each(
     grid = tmp_path / "g.toml"
     out = tmp_path / "out"
     grid.write_text(
-        f'dataset = "synthetic"\nclients = 2\nrounds = 2\neval_every = 1\nseed = [0, 1, 2]\nlr_schedule = "cosine"\n'
+        f'dataset = "synthetic"\nmodel = "mlp"\nclients = 2\nrounds = 2\neval_every = 1\nseed = [0, 1, 2]\nlr_schedule = "cosine"\n'
         f'[sweep]\nout_dir = "{out}"\nmax_parallel = 2\n'
     )
     proc = subprocess.run(
@@ -332,6 +332,7 @@ def test_local_sweep_runs_each_config_once_max_parallel_at_once_with_a_log_each(
             == {
                 "clients": 2,
                 "dataset": "synthetic",
+                "model": "mlp",
                 "rounds": 2,
                 "eval_every": 1,
                 "lr_schedule": "cosine",
