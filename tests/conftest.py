@@ -307,8 +307,8 @@ class Pool:
         while not answer.exists():
             if cls.job.poll() is not None or time.monotonic() > deadline:
                 ended = cls.job.poll() is not None
-                cls.close()
                 log = (cls.folder / "job.log").read_text()[-5000:]
+                cls.close(kill=True)
                 raise AssertionError(
                     f"the pool's ranks {'ended' if ended else f'hung past {timeout:.0f} s'} in {runs}:\n{log}"
                 )
@@ -317,10 +317,12 @@ class Pool:
         return json.loads(answer.read_text())
 
     @classmethod
-    def close(cls) -> None:
+    def close(cls, kill: bool = False) -> None:
+        """End the pool with a stop request, or with SIGKILL to its processes (``kill``, or no end
+        within 10 s), and remove its folder."""
         if cls.job is None:
             return
-        if cls.job.poll() is None:
+        if not kill and cls.job.poll() is None:
             (cls.folder / "req.part").write_text("null")
             (cls.folder / "req.part").rename(cls.folder / f"req-{cls.requests}.json")
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -330,6 +332,7 @@ class Pool:
                 os.killpg(cls.job.pid, signal.SIGKILL)
             cls.job.wait()
         cls.job = None
+        shutil.rmtree(cls.folder, ignore_errors=True)
 
 
 def fedring(n: int, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
