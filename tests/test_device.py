@@ -197,6 +197,29 @@ def test_bench_train_times_the_same_steps_as_the_bare_loop(fedring_cli, tmp_path
     assert f"over the per-client loop: {record['speedup_batched']:.2f}" in result.stdout
 
 
+def test_bench_train_nondeterministic_times_every_loop_without_deterministic_algorithms(
+    fedring_cli, tmp_path, monkeypatch
+):
+    """Every Trainer turns deterministic algorithms on when it selects a GPU; ``--nondeterministic``
+    must turn them off after the last Trainer is built (a GPU run once timed the batched loop with
+    them back on). Here each Trainer's device selection turns them on, as on a GPU."""
+    from fedring.train import trainer
+
+    def gpu_like_select(setting, comm):
+        torch.use_deterministic_algorithms(True)
+        return torch.device("cpu")
+
+    monkeypatch.setattr(trainer, "select", gpu_like_select)
+    out = tmp_path / "bench.json"
+    args = ["--clients", "3", "--rounds", "1", "--dataset", "synthetic", "--model", "mlp", "--batched-clients", "2"]
+    try:
+        result = fedring_cli("bench", "train", *args, "--nondeterministic", "--json", out)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["deterministic_algorithms"] is False
+
+
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
