@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -191,8 +192,9 @@ def run_mpi(
     return proc
 
 
-#: ``python pool.py DIR PID``: the ranks of :class:`Pool`, for test process PID. Request ``K`` is the file ``DIR/req-K.json``
-#: (``{"cwd": ..., "runs": {name: argv}}``, or null to stop); every rank runs those command lines
+#: ``python pool.py DIR PID``: the ranks of :class:`Pool`, for test process PID (they end when it is
+#: gone). Request ``K`` is the file ``DIR/req-K.json`` (``{"cwd": ..., "runs": {name: argv}}``, or
+#: null to stop); every rank runs those command lines
 #: one after the other, as ``python -m fedring ARGV`` from ``cwd`` would, and rank 0 answers in
 #: ``DIR/res-K.json``: per rank, per run, [exit code, stdout, stderr]. An idle rank polls the
 #: folder: a rank waiting in MPI would spin (MPICH polls) and take a core from the tests.
@@ -264,8 +266,6 @@ class Pool:
 
     @classmethod
     def start(cls) -> None:
-        import tempfile
-
         cls.folder = Path(tempfile.mkdtemp(prefix="fedring-pool-"))
         (cls.folder / "pool.py").write_text(POOL)
         cls.env, cls.requests = cls.environment(), 0
