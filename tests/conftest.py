@@ -137,7 +137,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_sessionfinish(session):
     """An xdist worker hands its launch and CPU counts to the controller, which prints the summary."""
-    Pool.close()
+    if Pool.warm is not None:
+        Pool.warm.close()
     output = getattr(session.config, "workeroutput", None)
     if output is not None:
         output["launches"] = [[test, kind, n] for (test, kind), n in LAUNCHES.items()]
@@ -155,7 +156,7 @@ def pytest_testnodedown(node, error):
 def pytest_terminal_summary(terminalreporter):
     """Print how many processes each test file launched (the suite's time goes mostly to launches:
     about 2 CPU seconds a rank that imports torch), how many of its jobs ran in the warm ranks of
-    :class:`Pool`, and the CPU time each file took (setup, call and teardown, the pool's share
+    :func:`pooled`'s warm pool, and the CPU time each file took (setup, call and teardown, the pool's share
     included); files that launched nothing and took less than half a second are left out."""
     if not LAUNCHES:
         return
@@ -192,23 +193,21 @@ def run_mpi(
     return proc
 
 
-#: ``python pool.py DIR PID``: the ranks of :class:`Pool`, for test process PID (they end when it is
+#: ``python pool.py DIR PID``: the ranks of a :class:`Pool`, for test process PID (they end when it is
 #: gone). Request ``K`` is the file ``DIR/req-K.json`` (``{"cwd": ..., "runs": {name: argv}}``, or
-#: null to stop); every rank runs those command lines
-#: one after the other, as ``python -m fedring ARGV`` from ``cwd`` would, and rank 0 answers in
-#: ``DIR/res-K.json``: per rank, per run, [exit code, stdout, stderr]. An idle rank polls the
-#: folder: a rank waiting in MPI would spin (MPICH polls) and take a core from the tests.
+#: null to stop); every rank runs those command lines one after the other, as ``python -m fedring
+#: ARGV`` from ``cwd`` would (:func:`run_cli`), and rank 0 answers in ``DIR/res-K.json``: per rank,
+#: per run, [exit code, stdout, stderr]. An idle rank polls the folder: a rank waiting in MPI would
+#: spin (MPICH polls) and take a core from the tests.
 POOL = """
-import contextlib, io, itertools, json, os, signal, sys, time, warnings
+import contextlib, io, itertools, json, os, sys, time, warnings
 from pathlib import Path
 from mpi4py import MPI
-from conftest import exit_code
+from conftest import run_cli
 from fedring.cli import main
 folder, comm = Path(sys.argv[1]), MPI.COMM_WORLD
 (folder / f"pid.{comm.rank}.part").write_text(str(os.getpid()))
 (folder / f"pid.{comm.rank}.part").rename(folder / f"pid.{comm.rank}")
-stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
-handlers = {sig: signal.getsignal(sig) for sig in stop_signals}
 home, path = os.getcwd(), list(sys.path)
 for k in itertools.count():
     request_file = folder / f"req-{k}.json"
@@ -226,10 +225,7 @@ for k in itertools.count():
         out, err = io.StringIO(), io.StringIO()
         with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             warnings.simplefilter("default", append=True)  # a change of filters: each run warns afresh
-            code = exit_code(main, argv)
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        signal.set_wakeup_fd(-1)
+            code = run_cli(main, argv)
         answer[name] = [code, out.getvalue(), err.getvalue()]
     os.chdir(home)
     sys.path[:] = path
@@ -241,23 +237,28 @@ for k in itertools.count():
 
 
 class Pool:
-    """Warm ranks, one ``mpiexec -n RANKS`` job per test process, started at its first request and
-    kept for the session: the runs meant to succeed (:func:`fedring`, :func:`fedring_many`) run in
-    it, so their ranks import torch and start MPI once per process instead of once per job. A run
-    that checks how a process ends (an exit code expected not to be 0, a signal, a crash) starts
-    its own job. A run that fails or hangs in the pool fails its test, and the next request starts
-    a fresh pool. The pool's CPU time goes to the test that made each request."""
+    """Ranks that run fedring command lines on request (:data:`POOL`): ``mpiexec -n ranks`` of them,
+    or one process for one rank. :func:`pooled` keeps a warm pool of :data:`WARM_RANKS` ranks per test
+    process for the session, so the runs meant to succeed on that many ranks (:func:`fedring`,
+    :func:`fedring_many`) import torch and start MPI once per process instead of once per job; other
+    rank counts get a pool for one request. A run that checks how a process ends (an exit code
+    expected not to be 0, a signal, a crash) starts its own job. A pool whose run fails or hangs
+    ends, and fails its test."""
 
-    RANKS = 2
-    job: subprocess.Popen | None = None
-    folder: Path
-    env: dict
-    requests = 0
+    WARM_RANKS = 2
+    warm: Pool | None = None
 
-    @classmethod
-    def serves(cls, ranks: int) -> bool:
-        """Whether a job of ``ranks`` ranks runs in the pool (the tests' environment unchanged since it started)."""
-        return ranks == cls.RANKS and MPIEXEC is not None and (cls.job is None or cls.env == cls.environment())
+    def __init__(self, ranks: int):
+        self.ranks, self.requests = ranks, 0
+        self.folder = Path(tempfile.mkdtemp(prefix="fedring-pool-"))
+        (self.folder / "pool.py").write_text(POOL)
+        self.env = self.environment()
+        launcher = [MPIEXEC, "-n", str(ranks)] if ranks > 1 else []
+        with open(self.folder / "job.log", "w") as log:
+            cmd = [*launcher, sys.executable, str(self.folder / "pool.py"), str(self.folder), str(os.getpid())]
+            self.job = subprocess.Popen(
+                cmd, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     @staticmethod
     def environment() -> dict:
@@ -265,82 +266,89 @@ class Pool:
         return {k: v for k, v in mpi_env().items() if k != "PYTEST_CURRENT_TEST"}
 
     @classmethod
-    def start(cls) -> None:
-        cls.folder = Path(tempfile.mkdtemp(prefix="fedring-pool-"))
-        (cls.folder / "pool.py").write_text(POOL)
-        cls.env, cls.requests = cls.environment(), 0
-        with open(cls.folder / "job.log", "w") as log:
-            pool = [str(cls.folder / "pool.py"), str(cls.folder), str(os.getpid())]
-            cmd = [MPIEXEC, "-n", str(cls.RANKS), sys.executable, *pool]
-            cls.job = subprocess.Popen(
-                cmd, env=cls.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+    def warm_serves(cls, ranks: int) -> bool:
+        """Whether a job of ``ranks`` ranks runs in the warm pool (the tests' environment unchanged since it started)."""
+        return (
+            ranks == cls.WARM_RANKS and MPIEXEC is not None and (cls.warm is None or cls.warm.env == cls.environment())
+        )
 
-    @classmethod
-    def cpu(cls) -> float:
+    def cpu(self) -> float:
         """CPU seconds (user + system) the pool's ranks have used so far."""
         ticks = 0
-        for rank in range(cls.RANKS):
-            pid = cls.folder / f"pid.{rank}"
+        for rank in range(self.ranks):
+            pid = self.folder / f"pid.{rank}"
             with contextlib.suppress(OSError):
                 fields = Path(f"/proc/{pid.read_text()}/stat").read_text().rsplit(")", 1)[1].split()
                 ticks += int(fields[11]) + int(fields[12])
         return ticks / os.sysconf("SC_CLK_TCK")
 
-    @classmethod
-    def run(cls, runs: dict[str, list[str]], cwd: Path, timeout: float) -> list[dict]:
+    def run(self, runs: dict[str, list[str]], cwd: Path, timeout: float) -> list[dict]:
         """Every rank's answer to one request: per run name, [exit code, stdout, stderr]."""
-        item = CURRENT[0]
-        if item is not None and item.get_closest_marker("mpi") is None:
-            pytest.fail(f"{item.nodeid} runs MPI jobs: mark it @pytest.mark.mpi")
-        if cls.job is None:
-            cls.start()
-        assert cls.job is not None
-        test = os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)").split("::")[0]
-        LAUNCHES[test, "pooled"] += 1
-        before = cls.cpu()
-        k, cls.requests = cls.requests, cls.requests + 1
-        request = cls.folder / f"req-{k}.json"
-        (cls.folder / "req.part").write_text(json.dumps({"cwd": str(cwd), "runs": runs}))
-        (cls.folder / "req.part").rename(request)
-        answer, deadline = cls.folder / f"res-{k}.json", time.monotonic() + timeout
+        k, self.requests = self.requests, self.requests + 1
+        (self.folder / "req.part").write_text(json.dumps({"cwd": str(cwd), "runs": runs}))
+        (self.folder / "req.part").rename(self.folder / f"req-{k}.json")
+        answer, deadline = self.folder / f"res-{k}.json", time.monotonic() + timeout
         while not answer.exists():
-            if cls.job.poll() is not None or time.monotonic() > deadline:
-                ended = cls.job.poll() is not None
-                log = (cls.folder / "job.log").read_text()[-5000:]
-                cls.close(kill=True)
+            if self.job.poll() is not None or time.monotonic() > deadline:
+                ended = self.job.poll() is not None
+                log = (self.folder / "job.log").read_text()[-5000:]
+                self.close(kill=True)
                 raise AssertionError(
                     f"the pool's ranks {'ended' if ended else f'hung past {timeout:.0f} s'} in {runs}:\n{log}"
                 )
             time.sleep(0.005)
-        CPU[test] += cls.cpu() - before
         return json.loads(answer.read_text())
 
-    @classmethod
-    def close(cls, kill: bool = False) -> None:
+    def close(self, kill: bool = False) -> None:
         """End the pool with a stop request, or with SIGKILL to its processes (``kill``, or no end
         within 10 s), and remove its folder."""
-        if cls.job is None:
-            return
-        if not kill and cls.job.poll() is None:
-            (cls.folder / "req.part").write_text("null")
-            (cls.folder / "req.part").rename(cls.folder / f"req-{cls.requests}.json")
+        if not kill and self.job.poll() is None:
+            (self.folder / "req.part").write_text("null")
+            (self.folder / "req.part").rename(self.folder / f"req-{self.requests}.json")
             with contextlib.suppress(subprocess.TimeoutExpired):
-                cls.job.wait(timeout=10)
-        if cls.job.poll() is None:  # hung: the job's processes, its ranks with it
+                self.job.wait(timeout=10)
+        if self.job.poll() is None:  # hung: the job's processes, its ranks with it
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(cls.job.pid, signal.SIGKILL)
-            cls.job.wait()
-        cls.job = None
-        shutil.rmtree(cls.folder, ignore_errors=True)
+                os.killpg(self.job.pid, signal.SIGKILL)
+            self.job.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def pooled(ranks: int, runs: dict[str, list[str]], cwd: Path, timeout: float) -> list[dict]:
+    """Every rank's answer to running ``runs`` (:meth:`Pool.run`): in the warm pool where it serves
+    ``ranks`` (a pooled job; the pool's CPU time goes to the test), else in a pool started for
+    them alone (a job like any other, its CPU time counted when it ends)."""
+    if not Pool.warm_serves(ranks):
+        if ranks > 1 and MPIEXEC is None:
+            pytest.skip("mpiexec not found (pip install mpich)")
+        pool = Pool(ranks)
+        try:
+            return pool.run(runs, cwd, timeout)
+        finally:
+            pool.close()
+    item = CURRENT[0]
+    if item is not None and item.get_closest_marker("mpi") is None:
+        pytest.fail(f"{item.nodeid} runs MPI jobs: mark it @pytest.mark.mpi")
+    if Pool.warm is None:
+        Pool.warm = Pool(Pool.WARM_RANKS)
+    warm, test = Pool.warm, os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)").split("::")[0]
+    LAUNCHES[test, "pooled"] += 1
+    before = warm.cpu()
+    try:
+        answers = warm.run(runs, cwd, timeout)
+    except AssertionError:
+        Pool.warm = None  # it ended: the next request starts another
+        raise
+    CPU[test] += warm.cpu() - before
+    return answers
 
 
 def fedring(n: int, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    """``mpiexec -n n python -m fedring ARGS``; a run meant to succeed on :data:`Pool.RANKS` ranks runs in
-    the pool's warm ranks (its exit code, and what every rank printed, come back the same way)."""
-    if check and Pool.serves(n):
+    """``mpiexec -n n python -m fedring ARGS``; a run meant to succeed on :data:`Pool.WARM_RANKS` ranks
+    runs in the warm pool (its exit code, and what every rank printed, come back the same way)."""
+    if check and Pool.warm_serves(n):
         argv = [str(a) for a in args]
-        answers = Pool.run({"run": argv}, kw.get("cwd", ROOT), kw.get("timeout", 180))
+        answers = pooled(n, {"run": argv}, kw.get("cwd", ROOT), kw.get("timeout", 180))
         code = next((a["run"][0] for a in answers if a["run"][0]), 0)
         cmd = [MPIEXEC, "-n", str(n), sys.executable, "-m", "fedring", *argv]
         proc = subprocess.CompletedProcess(
@@ -352,53 +360,27 @@ def fedring(n: int, *args: str, check: bool = True, **kw) -> subprocess.Complete
     return run_mpi(n, ["-m", "fedring", *args], check=check, **kw)
 
 
-#: ``python many.py RUNS.json``: ``python -m fedring ARGS`` for every named ARGS of RUNS.json in turn,
-#: in one process (torch and MPI start once); the exit codes go to RUNS.json.codes and what each
-#: run printed on rank R (also printed as it comes) to RUNS.json.printed.R.
-MANY = """
-import contextlib, io, json, sys
-from fedring.cli import main
-runs = json.load(open(sys.argv[1]))
-codes, printed = {}, {}
-for name, args in runs.items():
-    with contextlib.redirect_stdout(io.StringIO()) as out:
-        codes[name] = main(args)
-    printed[name] = out.getvalue()
-    sys.stdout.write(printed[name])
-from mpi4py import MPI
-rank = MPI.COMM_WORLD.rank
-json.dump(printed, open(f"{sys.argv[1]}.printed.{rank}", "w"))
-if rank == 0:
-    json.dump(codes, open(sys.argv[1] + ".codes", "w"))
-"""
-
-
 def fedring_many(
     ranks: int, runs: dict[str, list[str]], workdir: Path, timeout: float = 600, cwd: Path = ROOT
 ) -> tuple[dict[str, int], subprocess.CompletedProcess]:
-    """Run several fedring command lines one after the other in one ``mpiexec -n ranks`` job
-    (its start-up paid once; on :data:`Pool.RANKS` ranks, none: the pool's ranks run them), from
-    ``cwd``: each one's exit code by name, and the job (its output; what each run printed is in
-    :func:`many_printed`)."""
+    """Run several fedring command lines one after the other on ``ranks`` ranks, from ``cwd``, in one
+    job (:func:`pooled`: its start-up paid once, or not at all in the warm pool): each one's exit code
+    by name (the first rank's that is not 0), and the job's output, every rank's in turn; what each
+    run printed on each rank is in :func:`many_printed`."""
     argvs = {name: [str(a) for a in args] for name, args in runs.items()}
-    if Pool.serves(ranks):
-        answers = Pool.run(argvs, cwd, timeout)
-        for rank, answer in enumerate(answers):
-            printed = {name: out for name, (_, out, _) in answer.items()}
-            (workdir / f"runs.json.printed.{rank}").write_text(json.dumps(printed))
-        codes = {name: next((a[name][0] for a in answers if a[name][0]), 0) for name in argvs}
-        stdout = "".join(out for a in answers for _, out, _ in a.values())
-        stderr = "".join(err for a in answers for _, _, err in a.values())
-        return codes, subprocess.CompletedProcess(["pooled", *argvs], 0, stdout, stderr)
-    (workdir / "many.py").write_text(MANY)
-    (workdir / "runs.json").write_text(json.dumps(argvs))
-    proc = run_mpi(ranks, [str(workdir / "many.py"), str(workdir / "runs.json")], timeout=timeout, cwd=cwd)
-    return json.loads((workdir / "runs.json.codes").read_text()), proc
+    answers = pooled(ranks, argvs, cwd, timeout)
+    for rank, answer in enumerate(answers):
+        printed = {name: out for name, (_, out, _) in answer.items()}
+        (workdir / f"printed.{rank}.json").write_text(json.dumps(printed))
+    codes = {name: next((a[name][0] for a in answers if a[name][0]), 0) for name in argvs}
+    stdout = "".join(out for a in answers for _, out, _ in a.values())
+    stderr = "".join(err for a in answers for _, _, err in a.values())
+    return codes, subprocess.CompletedProcess(["fedring_many", *argvs], 0, stdout, stderr)
 
 
 def many_printed(workdir: Path, rank: int = 0) -> dict[str, str]:
     """What each run of the last :func:`fedring_many` job in ``workdir`` printed on ``rank`` (stdout), by name."""
-    return json.loads((workdir / f"runs.json.printed.{rank}").read_text())
+    return json.loads((workdir / f"printed.{rank}.json").read_text())
 
 
 #: ``python at_round.py ROUND ACTION ARGS...``: fedring run ARGS, every rank doing ACTION at the start of
@@ -437,6 +419,22 @@ def paused_at_round(
     return subprocess.Popen(cmd, env=mpi_env(), cwd=ROOT, text=True, **popen)
 
 
+#: the signals a run handles (a stop after the current round, docs/reliability.md)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+
+
+def run_cli(main, argv: list[str]) -> int:
+    """:func:`exit_code` of a run in a process that goes on: the signal handlers the run installs,
+    and its wakeup descriptor, are put back afterwards."""
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        return exit_code(main, argv)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(-1)
+
+
 def exit_code(main, argv: list[str]) -> int:
     """``sys.exit(main(argv))``'s exit status, a SystemExit reported as the interpreter would."""
     try:
@@ -455,20 +453,12 @@ def fedring_cli(capsys, monkeypatch):
     from ``cwd`` when given. The signal handlers a run installs are put back afterwards."""
     from fedring.cli import main
 
-    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
-    handlers = {sig: signal.getsignal(sig) for sig in stop_signals}
-
     def call(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
         argv = [str(a) for a in args]
         if cwd is not None:
             monkeypatch.chdir(cwd)
         capsys.readouterr()
-        try:
-            code = exit_code(main, argv)
-        finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-            signal.set_wakeup_fd(-1)
+        code = run_cli(main, argv)
         out, err = capsys.readouterr()
         return subprocess.CompletedProcess(["python", "-m", "fedring", *argv], code, out, err)
 
