@@ -133,8 +133,5 @@ class BatchedClients:
             out = tr.grads[k]
             u = tr.stage.output(out)
             u[:] = (w - w_local[s]) / lr if steps > 1 else g[s]
-            tr.client_opt.direction(tr.client_state, k, u)
-            tr.stage.upload(u, out)
-            if attack is not None and tr.adversary.poisons(c) and attack.scale != 1:
-                out *= np.float32(attack.scale)
+            tr.upload(k, u, out)
             batch_loss[c] = float(first_loss[s])

@@ -28,7 +28,7 @@ from .batched import BatchedClients
 from .data import FederatedData, Shard
 from .device import Staging, describe, select
 from .models import flatten, make_model
-from .optim import ClientOptimizer, f32, make_server_optimizer
+from .optim import ClientOptimizer, Vector, f32, make_server_optimizer
 from .participation import Cohort, from_config
 from .schedules import make_schedule
 from .state import ModelBuffers, checkpoint_rows, rows_from_file
@@ -305,11 +305,18 @@ class Trainer:
         if steps > 1:
             g[:] = (w - w_local) / lr
             self.stage.load(self.model, w)
-        self.client_opt.direction(self.client_state, k, g)
-        self.stage.upload(g, out)
-        if data_attack is not None and data_attack.scale != 1:
-            out *= np.float32(data_attack.scale)
+        self.upload(k, g, out)
         return first_loss
+
+    def upload(self, k: int, u: Vector, out: np.ndarray) -> None:
+        """Local client ``k``'s update direction ``u`` (made by ``stage.output(out)``) as the vector
+        it uploads, in ``out``: its momentum direction, copied to host memory, scaled under a data
+        attack. The per-client loop and :mod:`fedring.train.batched` end a client's update with it."""
+        self.client_opt.direction(self.client_state, k, u)
+        self.stage.upload(u, out)
+        attack = self.adversary.data_attack
+        if attack is not None and self.adversary.poisons(self.layout.lo + k) and attack.scale != 1:
+            out *= np.float32(attack.scale)
 
     def reference_gradient(self) -> np.ndarray | None:
         """The server's gradient on its small clean data set (FLTrust, Zeno++), on rank 0."""
