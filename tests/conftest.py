@@ -336,8 +336,9 @@ def pooled(ranks: int, runs: dict[str, list[str]], cwd: Path, timeout: float) ->
     before = warm.cpu()
     try:
         answers = warm.run(runs, cwd, timeout)
-    except AssertionError:
-        Pool.warm = None  # it ended: the next request starts another
+    except Exception:  # it ended, or its folder went: only this test fails, the next request starts a pool
+        warm.close(kill=True)
+        Pool.warm = None
         raise
     CPU[test] += warm.cpu() - before
     return answers
