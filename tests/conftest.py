@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -35,9 +36,10 @@ def slurm_up() -> bool:
 def slurm_cluster():
     """None when a SLURM cluster takes jobs, else the reason there is none (for a skip).
 
-    The one-node cluster of ``SLURM_START`` is started here (as root) and stopped at the end of
-    the session if this fixture started it; an existing cluster is used only with
-    FEDRING_TEST_SLURM=1. Shared by every test that submits (test_slurm, the tutorial), so a
+    The one-node cluster of ``SLURM_START`` is started here (as root) and, if this fixture started
+    it, stopped after the last test of :data:`SLURM_FILES` (:func:`pytest_runtest_teardown`), while
+    the other worker still computes, or at the end of the session; an existing cluster is used only
+    with FEDRING_TEST_SLURM=1. Shared by every test that submits (test_slurm, the tutorial), so a
     cluster stopped by one of them cannot leave ``sbatch`` on the path without a controller.
     """
     started = False
@@ -45,6 +47,12 @@ def slurm_cluster():
         started = not slurm_up()
         proc = subprocess.run(["bash", str(SLURM_START)], capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"{SLURM_START} failed:\n{proc.stdout}\n{proc.stderr}"
+        if started:
+            SLURM_STOP.append(
+                lambda: subprocess.run(
+                    ["bash", str(SLURM_START.with_name("stop.sh"))], capture_output=True, timeout=120
+                )
+            )
     elif shutil.which("sbatch") is None:
         yield f"no sbatch here and no {SLURM_START} to start a local SLURM (or not root)"
         return
@@ -54,8 +62,23 @@ def slurm_cluster():
     if not slurm_up():
         pytest.fail("SLURM does not answer: sinfo shows no usable node")
     yield None
-    if started:
-        subprocess.run(["bash", str(SLURM_START.with_name("stop.sh"))], capture_output=True, timeout=120)
+    stop_slurm()
+
+
+#: how to stop the cluster that :func:`slurm_cluster` started (empty: none, or already stopped)
+SLURM_STOP: list = []
+
+
+def stop_slurm() -> None:
+    while SLURM_STOP:
+        SLURM_STOP.pop()()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """The cluster goes once the tests that use it are done (they run first, on one worker)."""
+    done = nextitem is None or nextitem.nodeid.split("::")[0] not in SLURM_FILES
+    if SLURM_STOP and item.nodeid.split("::")[0] in SLURM_FILES and done:
+        stop_slurm()
 
 
 #: processes the tests started themselves, per test file: ``mpiexec`` jobs and other programs (interpreters,
@@ -137,8 +160,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_sessionfinish(session):
     """An xdist worker hands its launch and CPU counts to the controller, which prints the summary."""
-    if Pool.warm is not None:
-        Pool.warm.close()
+    for pool in Pool.warm.values():
+        pool.close()
     output = getattr(session.config, "workeroutput", None)
     if output is not None:
         output["launches"] = [[test, kind, n] for (test, kind), n in LAUNCHES.items()]
@@ -175,8 +198,13 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def mpi_env() -> dict:
+    """The environment of the tests' jobs: the repository and tests/ on PYTHONPATH, and MPICH told to
+    let a rank that waits for another sleep instead of spin (``MPIR_CVAR_ENABLE_HEAVY_YIELD``): the
+    suite runs more ranks than there are cores, and a spinning rank takes the core of one that
+    computes (docs/figures.md, "The test suite")."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
     return env
 
 
@@ -198,7 +226,8 @@ def run_mpi(
 #: null to stop); every rank runs those command lines one after the other, as ``python -m fedring
 #: ARGV`` from ``cwd`` would (:func:`run_cli`), and rank 0 answers in ``DIR/res-K.json``: per rank,
 #: per run, [exit code, stdout, stderr]. An idle rank polls the folder: a rank waiting in MPI would
-#: spin (MPICH polls) and take a core from the tests.
+#: spin (MPICH polls) and take a core from the tests. It polls every 5 ms for a second after a request,
+#: then every 50 ms, so the session's idle pools cost next to nothing.
 POOL = """
 import contextlib, io, itertools, json, os, sys, time, warnings
 from pathlib import Path
@@ -210,9 +239,9 @@ folder, comm = Path(sys.argv[1]), MPI.COMM_WORLD
 (folder / f"pid.{comm.rank}.part").rename(folder / f"pid.{comm.rank}")
 home, path = os.getcwd(), list(sys.path)
 for k in itertools.count():
-    request_file = folder / f"req-{k}.json"
+    request_file, idle_since = folder / f"req-{k}.json", time.monotonic()
     while not request_file.exists():
-        time.sleep(0.005)
+        time.sleep(0.005 if time.monotonic() - idle_since < 1 else 0.05)
         if not os.path.exists(f"/proc/{sys.argv[2]}"):  # the test process is gone: so is the pool
             sys.exit(0)
     request = json.loads(request_file.read_text())
@@ -238,15 +267,15 @@ for k in itertools.count():
 
 class Pool:
     """Ranks that run fedring command lines on request (:data:`POOL`): ``mpiexec -n ranks`` of them,
-    or one process for one rank. :func:`pooled` keeps a warm pool of :data:`WARM_RANKS` ranks per test
-    process for the session, so the runs meant to succeed on that many ranks (:func:`fedring`,
-    :func:`fedring_many`) import torch and start MPI once per process instead of once per job; other
-    rank counts get a pool for one request. A run that checks how a process ends (an exit code
-    expected not to be 0, a signal, a crash) starts its own job. A pool whose run fails or hangs
-    ends, and fails its test."""
+    or one process for one rank. :func:`pooled` keeps a warm pool for each rank count of
+    :data:`WARM_RANKS` per test process, started at its first request and kept for the session, so
+    the runs meant to succeed (:func:`fedring`, :func:`fedring_many`) import torch and start MPI
+    once per process and rank count instead of once per job; other rank counts get a pool for one
+    request. A run that checks how a process ends (an exit code expected not to be 0, a signal, a
+    crash) starts its own job. A pool whose run fails or hangs ends, and fails its test."""
 
-    WARM_RANKS = 2
-    warm: Pool | None = None
+    WARM_RANKS = (1, 2, 3, 4)
+    warm: ClassVar[dict[int, Pool]] = {}
 
     def __init__(self, ranks: int):
         self.ranks, self.requests = ranks, 0
@@ -260,16 +289,23 @@ class Pool:
                 cmd, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
 
-    @staticmethod
-    def environment() -> dict:
-        """The ranks' environment, but for pytest's name of the running test."""
-        return {k: v for k, v in mpi_env().items() if k != "PYTEST_CURRENT_TEST"}
+    #: set in the test process by pytest (the running test) and by torch (its compile cache, once a
+    #: test has used torch.func): no reason to start another pool
+    OWN_VARIABLES = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
+
+    @classmethod
+    def environment(cls) -> dict:
+        """The ranks' environment, but for :data:`OWN_VARIABLES`."""
+        return {k: v for k, v in mpi_env().items() if k not in cls.OWN_VARIABLES}
 
     @classmethod
     def warm_serves(cls, ranks: int) -> bool:
         """Whether a job of ``ranks`` ranks runs in the warm pool (the tests' environment unchanged since it started)."""
+        pool = cls.warm.get(ranks)
         return (
-            ranks == cls.WARM_RANKS and MPIEXEC is not None and (cls.warm is None or cls.warm.env == cls.environment())
+            ranks in cls.WARM_RANKS
+            and (ranks == 1 or MPIEXEC is not None)
+            and (pool is None or pool.env == cls.environment())
         )
 
     def cpu(self) -> float:
@@ -327,31 +363,32 @@ def pooled(ranks: int, runs: dict[str, list[str]], cwd: Path, timeout: float) ->
         finally:
             pool.close()
     item = CURRENT[0]
-    if item is not None and item.get_closest_marker("mpi") is None:
+    if ranks > 1 and item is not None and item.get_closest_marker("mpi") is None:
         pytest.fail(f"{item.nodeid} runs MPI jobs: mark it @pytest.mark.mpi")
-    if Pool.warm is None:
-        Pool.warm = Pool(Pool.WARM_RANKS)
-    warm, test = Pool.warm, os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)").split("::")[0]
+    if ranks not in Pool.warm:
+        Pool.warm[ranks] = Pool(ranks)
+    warm, test = Pool.warm[ranks], os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)").split("::")[0]
     LAUNCHES[test, "pooled"] += 1
     before = warm.cpu()
     try:
         answers = warm.run(runs, cwd, timeout)
     except Exception:  # it ended, or its folder went: only this test fails, the next request starts a pool
         warm.close(kill=True)
-        Pool.warm = None
+        del Pool.warm[ranks]
         raise
     CPU[test] += warm.cpu() - before
     return answers
 
 
 def fedring(n: int, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    """``mpiexec -n n python -m fedring ARGS``; a run meant to succeed on :data:`Pool.WARM_RANKS` ranks
-    runs in the warm pool (its exit code, and what every rank printed, come back the same way)."""
+    """``mpiexec -n n python -m fedring ARGS``; a run meant to succeed on a rank count of
+    :data:`Pool.WARM_RANKS` runs in its warm pool (its exit code, and what every rank printed, come
+    back the same way)."""
     if check and Pool.warm_serves(n):
         argv = [str(a) for a in args]
         answers = pooled(n, {"run": argv}, kw.get("cwd", ROOT), kw.get("timeout", 180))
         code = next((a["run"][0] for a in answers if a["run"][0]), 0)
-        cmd = [MPIEXEC, "-n", str(n), sys.executable, "-m", "fedring", *argv]
+        cmd = [*([MPIEXEC, "-n", str(n)] if n > 1 else []), sys.executable, "-m", "fedring", *argv]
         proc = subprocess.CompletedProcess(
             cmd, code, "".join(a["run"][1] for a in answers), "".join(a["run"][2] for a in answers)
         )

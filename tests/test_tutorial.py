@@ -3,6 +3,7 @@
 import json
 import re
 import subprocess
+import time
 
 import h5py
 import pytest
@@ -64,8 +65,29 @@ def test_tutorial_runs_as_written(tmp_path, slurm_cluster):
         assert f["metrics/round"][-1] == 120
     grid = sorted((tmp_path / "results/grid").glob("*.h5"))
     assert len(grid) == 3
+    if has_slurm:  # the array job, submitted before the steps above, has run alongside them
+        grid += wait_for_array(tmp_path / "results/grid-slurm", 3)
     for path in grid:
         with h5py.File(path) as f:
             cfg = json.loads(f.attrs["config"])
             assert f.attrs["status"] == "complete" and cfg["plugins"] == ["mylab"] and cfg["model"] == "tinynet"
     assert (tmp_path / "runs.csv").read_text().count("\n") > 3
+
+
+def wait_for_array(out_dir, tasks: int, timeout: float = 300) -> list:
+    """The results files of a sweep's array job, once all ``tasks`` are complete."""
+
+    def complete(path) -> bool:
+        try:
+            with h5py.File(path, "r") as f:
+                return f.attrs["status"] == "complete"
+        except OSError:  # not there yet, or locked by the run writing it
+            return False
+
+    deadline = time.monotonic() + timeout
+    while True:
+        files = sorted(out_dir.glob("*.h5"))
+        if len(files) == tasks and all(map(complete, files)):
+            return files
+        assert time.monotonic() < deadline, f"the array job's {tasks} runs did not complete in {out_dir}"
+        time.sleep(0.5)
