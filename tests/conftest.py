@@ -47,12 +47,7 @@ def slurm_cluster():
         started = not slurm_up()
         proc = subprocess.run(["bash", str(SLURM_START)], capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"{SLURM_START} failed:\n{proc.stdout}\n{proc.stderr}"
-        if started:
-            SLURM_STOP.append(
-                lambda: subprocess.run(
-                    ["bash", str(SLURM_START.with_name("stop.sh"))], capture_output=True, timeout=120
-                )
-            )
+        SLURM_STARTED[0] = started
     elif shutil.which("sbatch") is None:
         yield f"no sbatch here and no {SLURM_START} to start a local SLURM (or not root)"
         return
@@ -65,20 +60,36 @@ def slurm_cluster():
     stop_slurm()
 
 
-#: how to stop the cluster that :func:`slurm_cluster` started (empty: none, or already stopped)
-SLURM_STOP: list = []
+#: whether :func:`slurm_cluster` started the cluster and has not stopped it yet
+SLURM_STARTED = [False]
 
 
 def stop_slurm() -> None:
-    while SLURM_STOP:
-        SLURM_STOP.pop()()
+    if SLURM_STARTED[0]:
+        SLURM_STARTED[0] = False
+        subprocess.run(["bash", str(SLURM_START.with_name("stop.sh"))], capture_output=True, timeout=120)
 
 
 def pytest_runtest_teardown(item, nextitem):
     """The cluster goes once the tests that use it are done (they run first, on one worker)."""
-    done = nextitem is None or nextitem.nodeid.split("::")[0] not in SLURM_FILES
-    if SLURM_STOP and item.nodeid.split("::")[0] in SLURM_FILES and done:
+    if file_of(item.nodeid) in SLURM_FILES and (nextitem is None or file_of(nextitem.nodeid) not in SLURM_FILES):
         stop_slurm()
+
+
+def file_of(nodeid: str) -> str:
+    """The file of a test (its node id up to ``::``)."""
+    return nodeid.split("::")[0]
+
+
+def wait_for(what: str, predicate, timeout: float, interval: float = 0.5):
+    """``predicate()``'s first true value, polled every ``interval`` seconds; fails the test past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 #: processes the tests started themselves, per test file: ``mpiexec`` jobs and other programs (interpreters,
@@ -93,7 +104,7 @@ CURRENT: list[pytest.Item | None] = [None]
 
 def _counting_popen_init(self, args, *a, **kw):
     program = Path(str(args[0]) if isinstance(args, (list, tuple)) else str(args).split()[0]).name
-    test = os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)").split("::")[0]
+    test = file_of(os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)"))
     LAUNCHES[(test, "mpiexec" if program == "mpiexec" else "other")] += 1
     item = CURRENT[0]
     if program == "mpiexec" and item is not None and item.get_closest_marker("mpi") is None:
@@ -115,7 +126,7 @@ def cpu_seconds() -> float:
 def pytest_runtest_protocol(item, nextitem):
     start, CURRENT[0] = cpu_seconds(), item
     yield
-    CPU[item.nodeid.split("::")[0]] += cpu_seconds() - start
+    CPU[file_of(item.nodeid)] += cpu_seconds() - start
     CURRENT[0] = None
 
 
@@ -132,15 +143,19 @@ def pytest_collection_modifyitems(config, items):
     files with the most slow tests, then those with the most MPI jobs, each file's tests in their
     order: under ``-n`` a worker takes a whole file at a time, and a long file started last would
     leave the other worker idle at the end."""
-
-    def path(item):
-        return item.nodeid.split("::")[0]
-
     weight: Counter = Counter()
     for item in items:
-        weight[path(item)] += 1000 * bool(item.get_closest_marker("slow")) + bool(item.get_closest_marker("mpi"))
+        weight[file_of(item.nodeid)] += 1000 * bool(item.get_closest_marker("slow")) + bool(
+            item.get_closest_marker("mpi")
+        )
     order = {item.nodeid: i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (path(item) not in SLURM_FILES, -weight[path(item)], order[item.nodeid]))
+    items.sort(
+        key=lambda item: (
+            file_of(item.nodeid) not in SLURM_FILES,
+            -weight[file_of(item.nodeid)],
+            order[item.nodeid],
+        )
+    )
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -151,7 +166,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::")[0]
+            path = file_of(nodeid)
             return "slurm" if path in SLURM_FILES else path
 
     config.option.loadscopereorder = False
@@ -367,7 +382,7 @@ def pooled(ranks: int, runs: dict[str, list[str]], cwd: Path, timeout: float) ->
         pytest.fail(f"{item.nodeid} runs MPI jobs: mark it @pytest.mark.mpi")
     if ranks not in Pool.warm:
         Pool.warm[ranks] = Pool(ranks)
-    warm, test = Pool.warm[ranks], os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)").split("::")[0]
+    warm, test = Pool.warm[ranks], file_of(os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)"))
     LAUNCHES[test, "pooled"] += 1
     before = warm.cpu()
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import ROOT, fedring, mpi_env
+from conftest import ROOT, fedring, mpi_env, wait_for
 
 JOBS = ROOT / "jobs"
 
@@ -43,16 +43,6 @@ def squeue(job: str) -> list[tuple[str, str, str]] | None:
     if proc.returncode != 0:
         return None
     return [tuple(line.split(None, 2)) for line in proc.stdout.splitlines() if line.strip()]
-
-
-def wait_for(what: str, predicate, timeout: float, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def sbatch_wait(

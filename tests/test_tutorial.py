@@ -3,11 +3,13 @@
 import json
 import re
 import subprocess
-import time
 
 import h5py
 import pytest
-from conftest import MPIEXEC, ROOT, mpi_env
+from conftest import MPIEXEC, ROOT, mpi_env, wait_for
+
+from fedring.results import FileStatus
+from fedring.sweep import file_state
 
 #: a fenced block: its language, then ``file=NAME`` (a file to write) or ``slurm`` (needs sbatch)
 BLOCK = re.compile(r"^```(\w+)(?: (file=\S+|slurm))?\n(.*?)^```$", re.S | re.M)
@@ -77,17 +79,9 @@ def test_tutorial_runs_as_written(tmp_path, slurm_cluster):
 def wait_for_array(out_dir, tasks: int, timeout: float = 300) -> list:
     """The results files of a sweep's array job, once all ``tasks`` are complete."""
 
-    def complete(path) -> bool:
-        try:
-            with h5py.File(path, "r") as f:
-                return f.attrs["status"] == "complete"
-        except OSError:  # not there yet, or locked by the run writing it
-            return False
-
-    deadline = time.monotonic() + timeout
-    while True:
+    def complete():
         files = sorted(out_dir.glob("*.h5"))
-        if len(files) == tasks and all(map(complete, files)):
-            return files
-        assert time.monotonic() < deadline, f"the array job's {tasks} runs did not complete in {out_dir}"
-        time.sleep(0.5)
+        done = len(files) == tasks and all(file_state(f).kind == FileStatus.COMPLETE for f in files)
+        return files if done else None
+
+    return wait_for(f"the array job's {tasks} runs in {out_dir}", complete, timeout)
