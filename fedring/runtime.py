@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -29,7 +30,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from mpi4py import MPI
 
@@ -48,6 +49,28 @@ _PEER_MARGIN = 10.0
 _MARK_TIMEOUT = 10.0
 #: how long an aborting rank waits after flushing its output, for the launcher to forward it
 _FORWARD_SECONDS = 0.5
+
+
+#: the communicators given to :func:`fedring.cli.main`, innermost last (none: ``MPI.COMM_WORLD``)
+_WORLDS: list[MPI.Comm] = []
+
+
+def world() -> MPI.Comm:
+    """The communicator fedring's jobs run on: ``MPI.COMM_WORLD``, or the one given to
+    :func:`fedring.cli.main` (a group of the job's ranks, so that several runs share one MPI job)."""
+    return _WORLDS[-1] if _WORLDS else MPI.COMM_WORLD
+
+
+@contextlib.contextmanager
+def running_on(comm: MPI.Comm) -> Iterator[None]:
+    """:func:`world` is ``comm`` inside the block; a :class:`Watchdog` started there ends with it
+    (on every rank of ``comm`` alike, so the next block's ranks all start a new one)."""
+    _WORLDS.append(comm)
+    try:
+        yield
+    finally:
+        _WORLDS.pop()
+        Watchdog.release(comm)
 
 
 def agree_on_config_error(comm: MPI.Comm, error: ConfigError | None) -> None:
@@ -80,7 +103,7 @@ def on_rank0(comm: MPI.Comm, fn: Callable[[], object]):
 
 
 class Watchdog:
-    """One per process (:meth:`start`, first thing): stop signals with a deadline, failures that abort.
+    """One per process at a time (:meth:`start`, first thing): stop signals with a deadline, failures that abort.
 
     Jobs run through :meth:`run`; ``on_abort`` callbacks (rank 0, cleared after each job)
     get the status to leave in the results file (``failed`` or ``preempted``) just before
@@ -91,26 +114,54 @@ class Watchdog:
 
     @classmethod
     def start(cls) -> Watchdog:
-        """The process's watchdog, installed on first use (signal handlers are per process)."""
+        """The process's watchdog over :func:`world`, installed on first use (signal handlers are
+        per process); a process that then runs on another communicator gets a new one."""
+        if cls._instance is not None and cls._instance.watched is not world():
+            cls.release(cls._instance.watched)
         if cls._instance is None:
-            cls._instance = cls()
+            cls._instance = cls(world())
         return cls._instance
 
+    @classmethod
+    def release(cls, comm: MPI.Comm) -> None:
+        """Close the process's watchdog if it watches ``comm``."""
+        if cls._instance is not None and cls._instance.watched is comm:
+            cls._instance.close()
+            cls._instance = None
+
     def __init__(self, comm: MPI.Comm | None = None, grace: float = 30.0, fail_grace: float = 5.0):
-        world = MPI.COMM_WORLD if comm is None else comm
-        self.comm = world.Dup()  # failure reports, polled by rank 0's thread
-        self._stop_comm = world.Dup()  # the per-round stop agreement, on the main thread
+        self.watched = world() if comm is None else comm
+        self.comm = self.watched.Dup()  # failure reports, polled by rank 0's thread
+        self._stop_comm = self.watched.Dup()  # the per-round stop agreement, on the main thread
         self.grace, self.fail_grace = grace, fail_grace
         self.on_abort: list[Callable[[FileStatus], None]] = []
         self.signal: int | None = None
         self._deadline: float | None = None
-        self._running = False
-        self._pipe, wakeup = os.pipe()
-        os.set_blocking(wakeup, False)
-        signal.set_wakeup_fd(wakeup, warn_on_full_buffer=False)
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._note)
-        threading.Thread(target=self._watch, name="fedring-watchdog", daemon=True).start()
+        self._running = self._closed = False
+        self._pipe, self._wakeup = os.pipe()
+        os.set_blocking(self._wakeup, False)
+        self._previous_wakeup = signal.set_wakeup_fd(self._wakeup, warn_on_full_buffer=False)
+        self._previous_handlers = {sig: signal.signal(sig, self._note) for sig in STOP_SIGNALS}
+        self._thread = threading.Thread(target=self._watch, name="fedring-watchdog", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """End the thread, free the communicators and the pipe; the signals go back to the handlers
+        they had before, unless another watchdog has taken them since."""
+        current = signal.set_wakeup_fd(-1)
+        if current == self._wakeup:
+            signal.set_wakeup_fd(self._previous_wakeup, warn_on_full_buffer=False)
+            for sig, handler in self._previous_handlers.items():
+                signal.signal(sig, handler)
+        else:
+            signal.set_wakeup_fd(current, warn_on_full_buffer=False)
+        self._closed = True
+        os.write(self._wakeup, b"\0")  # wakes the thread's select at once
+        self._thread.join()
+        for fd in (self._pipe, self._wakeup):
+            os.close(fd)
+        self.comm.Free()
+        self._stop_comm.Free()
 
     # ---- stop signals ----------------------------------------------------------------
 
@@ -145,7 +196,7 @@ class Watchdog:
     def _watch(self) -> None:
         status = MPI.Status()
         polls_errors = self.comm.rank == 0 and self.comm.size > 1
-        while True:
+        while not self._closed:
             if select.select([self._pipe], [], [], 0.1)[0]:
                 for signum in os.read(self._pipe, 64):
                     if signum in STOP_SIGNALS:

@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 from fedring.comm import Layout, Network, ring_allreduce
 from fedring.comm.brace import SIGN_RULES, SignVote
+from fedring.runtime import world
 
 #: the sign rules ``bench comm`` times: name -> (rule, its settings)
 SIGN_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {rule: (rule, {}) for rule in SIGN_RULES}
@@ -101,7 +102,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
     args = p.parse_args(argv)
-    comm = MPI.COMM_WORLD
+    comm = world()
     n = comm.size
     net = Network(Layout(n, comm))
     records = []

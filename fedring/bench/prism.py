@@ -23,6 +23,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from fedring import runtime
 from fedring.comm import Layout, Network
 from fedring.conformal.prism.calibration import robust_calibrate
 from fedring.conformal.prism.environment import synthetic_environment
@@ -104,7 +105,7 @@ def _mpi_half(args, argv: list[str]) -> tuple | None:
 
 
 def main(argv: list[str]) -> int:
-    world = MPI.COMM_WORLD
+    world = runtime.world()
     try:
         args = _parser().parse_args(argv)
         integer("iterations", args.iterations, lo=1)

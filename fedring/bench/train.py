@@ -37,6 +37,7 @@ from mpi4py import MPI
 from fedring.config import Config
 from fedring.datasets import DATASETS
 from fedring.rng import Stream, generator
+from fedring.runtime import world
 from fedring.train.loop import train_round
 from fedring.train.models import flatten, make_model
 from fedring.train.task import TrainTask
@@ -119,7 +120,7 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = p.parse_args(argv)
-    comm = MPI.COMM_WORLD
+    comm = world()
     integer("--rounds", args.rounds, lo=1)
     cfg = Config(
         clients=args.clients,

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import TYPE_CHECKING
 
 from fedring.errors import ConfigError
 
 from .launcher import launched_ranks
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 USAGE = """usage: python -m fedring [--overwrite] [--quiet]  the headline job: ring-all-reduce and BRACE under attack (docs/brace.md)
        python -m fedring [run] [options]        one run of any task; training by default (python -m fedring run --help)
@@ -45,14 +49,27 @@ SUBCOMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, comm: MPI.Comm | None = None) -> int:
+    """``python -m fedring ARGV`` on every rank of ``comm`` (default ``MPI.COMM_WORLD``): its exit code.
+
+    With ``comm`` a group of the job's ranks (``MPI.COMM_WORLD.Split``) runs fedring as a job of
+    its own, so several runs can share one MPI job side by side (docs/cli.md, "From Python").
+    """
     argv = sys.argv[1:] if argv is None else argv
+    if comm is None:
+        return _main(argv, *launched_ranks())
+    from fedring.runtime import running_on
+
+    with running_on(comm):
+        return _main(argv, comm.rank, comm.size)
+
+
+def _main(argv: list[str], rank: int, size: int) -> int:
     if argv[:1] in (["-h"], ["--help"]):
-        if launched_ranks()[0] == 0:
+        if rank == 0:
             print(USAGE)
         return 0
     if argv[:1] == ["sweep"]:
-        rank, size = launched_ranks()
         if size > 1 and argv[1:2] != ["--check-world-size"]:
             if rank == 0:
                 print(
@@ -67,20 +84,20 @@ def main(argv: list[str] | None = None) -> int:
         group = argv[0]
         choices = {k[1]: v for k, v in SUBCOMMANDS.items() if k[0] == group}
         if choices and (len(argv) < 2 or argv[1] in ("-h", "--help")):
-            if launched_ranks()[0] == 0:
+            if rank == 0:
                 out = sys.stdout if len(argv) > 1 else sys.stderr
                 print(f"usage: python -m fedring {group} {'|'.join(choices)} [options]\n", file=out)
                 print("\n".join(f"  {name:<12} {line}" for name, (_, _, line) in choices.items()), file=out)
             return 0 if len(argv) > 1 else 2
         if tuple(argv[:2]) not in SUBCOMMANDS:
-            if launched_ranks()[0] == 0:
+            if rank == 0:
                 print(f"fedring: error: unknown command {' '.join(argv[:2])!r}\n{USAGE}", file=sys.stderr)
             return 2
         module, fn, _ = SUBCOMMANDS[argv[0], argv[1]]
         try:
             return getattr(importlib.import_module(module), fn)(argv[2:])
         except ConfigError as e:  # a benchmark's bad option (the tasks agree on theirs themselves)
-            if launched_ranks()[0] == 0:
+            if rank == 0:
                 print(f"fedring: error: {e}", file=sys.stderr)
             return 2
     from .run import headline, run

@@ -18,7 +18,7 @@ from mpi4py import MPI
 from fedring import validate as check
 from fedring.config import GENERAL, RUN_CONTROL, Config, config_differences, load_toml, merge, parse_value
 from fedring.errors import ConfigError
-from fedring.runtime import Watchdog, agree_on_config_error
+from fedring.runtime import Watchdog, agree_on_config_error, world
 from fedring.tasks import Task, validate
 
 from .launcher import launched_ranks
@@ -47,7 +47,7 @@ class ArgumentParser(argparse.ArgumentParser):
         raise ConfigError("arguments", f"{message} (see {self.prog} --help)")
 
     def print_help(self, file=None):
-        if launched_ranks()[0] == 0:
+        if (world().rank if MPI.Is_initialized() else launched_ranks()[0]) == 0:
             super().print_help(file)
 
 
@@ -300,7 +300,7 @@ def resume_line(task: Task) -> str:
 def run(argv: list[str], parser: ArgumentParser | None = None, section: str | None = None) -> int:
     """One run of any task, on every rank: settings agreed, a banner, then the job under the watchdog."""
     watchdog = Watchdog.start()  # first: a signal from now on asks for a clean stop
-    comm = MPI.COMM_WORLD
+    comm = world()
 
     def job() -> int:
         error: ConfigError | None = None
@@ -373,7 +373,7 @@ def headline(overwrite: bool = False, quiet: bool = False) -> int:
     import h5py
     import numpy as np
 
-    comm = MPI.COMM_WORLD
+    comm = world()
     existing = [out for _, out, _, _ in HEADLINE if os.path.exists(out)]
     clash = f"{', '.join(existing)} exist(s) from an earlier run: pass --overwrite to run the headline again"
     agree_on_config_error(comm, ConfigError("out", clash) if existing and not overwrite else None)
