@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import tomllib
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,8 @@ class Config:
 FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "sections"}
 check.TOP_LEVEL_KEYS.update(FIELDS)
 DEFAULTS = Config()
+#: DEFAULTS as a dict, made once: a sweep compares thousands of configs with it
+DEFAULT_VALUES = types.MappingProxyType(dataclasses.asdict(DEFAULTS))
 
 
 def parse_value(text: str) -> Any:
@@ -213,7 +216,7 @@ def canonical(settings: Config | dict) -> dict[str, Any]:
     non-empty sections, sorted. A key missing counts as its default, so a file written before
     a setting existed stays valid. The sweep hashes it; ``--resume`` compares it."""
     values = dataclasses.asdict(settings) if isinstance(settings, Config) else settings
-    defaults = dataclasses.asdict(DEFAULTS)
+    defaults = DEFAULT_VALUES
     out = {
         key: value
         for key, value in values.items()
@@ -228,7 +231,7 @@ def canonical(settings: Config | dict) -> dict[str, Any]:
 def config_differences(stored: dict, current: dict) -> list[str]:
     """``key: stored -> current`` for every setting in which the :func:`canonical` forms differ."""
     a, b = canonical(stored), canonical(current)
-    defaults = {**dataclasses.asdict(DEFAULTS), "sections": {}}
+    defaults = {**DEFAULT_VALUES, "sections": {}}
     return [
         f"{key}: {a.get(key, defaults.get(key))!r} -> {b.get(key, defaults.get(key))!r}"
         for key in sorted(set(a) | set(b))
