@@ -62,12 +62,16 @@ def slurm_cluster():
 
 #: whether :func:`slurm_cluster` started the cluster and has not stopped it yet
 SLURM_STARTED = [False]
+#: the cluster's ``stop.sh`` while it runs (its daemons take seconds to go: the worker goes on meanwhile)
+SLURM_STOPPING: list[subprocess.Popen] = []
 
 
 def stop_slurm() -> None:
+    """Start stopping the cluster, if :func:`slurm_cluster` started it; :func:`pytest_sessionfinish` waits."""
     if SLURM_STARTED[0]:
         SLURM_STARTED[0] = False
-        subprocess.run(["bash", str(SLURM_START.with_name("stop.sh"))], capture_output=True, timeout=120)
+        stop = ["bash", str(SLURM_START.with_name("stop.sh"))]
+        SLURM_STOPPING.append(subprocess.Popen(stop, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
 
 def pytest_runtest_teardown(item, nextitem):
@@ -132,6 +136,22 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_configure(config):
     subprocess.Popen.__init__ = _counting_popen_init
+    if not hasattr(config, "workerinput"):  # once, in the process that starts the session
+        write_bytecode()
+
+
+def write_bytecode() -> None:
+    """Cache the bytecode of what the tests' processes import from the repository (fedring, analysis,
+    the helpers in tests/) where it is missing or stale. An editable install leaves it to the first
+    import to write, and not even that where ``PYTHONDONTWRITEBYTECODE`` is set: then each of the
+    suite's 250 processes compiled fedring again, 0.1 CPU s each (docs/figures.md, "The test suite")."""
+    import compileall
+
+    for package in ("fedring", "analysis"):
+        compileall.compile_dir(ROOT / package, quiet=2)
+    for helper in (ROOT / "tests").glob("*.py"):
+        if not helper.name.startswith("test_"):  # pytest compiles the test files itself
+            compileall.compile_file(helper, quiet=2)
 
 
 #: test files that share one SLURM cluster (the ``slurm_cluster`` fixture): one xdist worker runs them
@@ -175,8 +195,10 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_sessionfinish(session):
     """An xdist worker hands its launch and CPU counts to the controller, which prints the summary."""
-    for pool in Pool.warm.values():
-        pool.close()
+    if Pool.warm is not None:
+        Pool.warm.close()
+    for stopping in SLURM_STOPPING:
+        stopping.wait(timeout=120)
     output = getattr(session.config, "workeroutput", None)
     if output is not None:
         output["launches"] = [[test, kind, n] for (test, kind), n in LAUNCHES.items()]
@@ -237,21 +259,22 @@ def run_mpi(
 
 
 #: ``python pool.py DIR PID``: the ranks of a :class:`Pool`, for test process PID (they end when it is
-#: gone). Request ``K`` is the file ``DIR/req-K.json`` (``{"cwd": ..., "runs": {name: argv}}``, or
-#: null to stop); every rank runs those command lines one after the other, as ``python -m fedring
-#: ARGV`` from ``cwd`` would (:func:`run_cli`), and rank 0 answers in ``DIR/res-K.json``: per rank,
-#: per run, [exit code, stdout, stderr]. An idle rank polls the folder: a rank waiting in MPI would
-#: spin (MPICH polls) and take a core from the tests. It polls every 5 ms for a second after a request,
-#: then every 50 ms, so the session's idle pools cost next to nothing.
+#: gone). Request ``K`` is the file ``DIR/req-K.json`` (``{"cwd": ..., "ranks": n, "runs": {name: argv}}``,
+#: or null to stop); the first ``n`` ranks run those command lines one after the other, as ``python -m
+#: fedring ARGV`` from ``cwd`` would on ``n`` ranks (:func:`run_cli`; fedring's ``main`` on a communicator
+#: of those ranks, split from the pool's once per ``n``), and rank 0 answers in ``DIR/res-K.json``: per rank,
+#: per run, [exit code, stdout, stderr]. An idle rank polls the folder: a rank waiting in MPI would spin
+#: (MPICH polls) and take a core from the tests. It polls every 5 ms for a second after a request, then
+#: every 50 ms, so the session's idle pools cost next to nothing.
 POOL = """
-import contextlib, io, itertools, json, os, sys, time, warnings
+import contextlib, functools, io, itertools, json, os, sys, time, warnings
 from pathlib import Path
 from mpi4py import MPI
 from conftest import run_cli
 from fedring.cli import main
-folder, comm = Path(sys.argv[1]), MPI.COMM_WORLD
-(folder / f"pid.{comm.rank}.part").write_text(str(os.getpid()))
-(folder / f"pid.{comm.rank}.part").rename(folder / f"pid.{comm.rank}")
+folder, world, groups = Path(sys.argv[1]), MPI.COMM_WORLD, {}
+(folder / f"pid.{world.rank}.part").write_text(str(os.getpid()))
+(folder / f"pid.{world.rank}.part").rename(folder / f"pid.{world.rank}")
 home, path = os.getcwd(), list(sys.path)
 for k in itertools.count():
     request_file, idle_since = folder / f"req-{k}.json", time.monotonic()
@@ -262,6 +285,12 @@ for k in itertools.count():
     request = json.loads(request_file.read_text())
     if request is None:
         break
+    n = request["ranks"]
+    if n not in groups:  # collective: every rank reads every request
+        groups[n] = world.Split(0 if world.rank < n else MPI.UNDEFINED, world.rank)
+    comm = groups[n]
+    if comm == MPI.COMM_NULL:
+        continue
     os.chdir(request["cwd"])
     sys.path[:] = [request["cwd"], *path]  # as python -m puts the working directory first
     answer = {}
@@ -269,7 +298,7 @@ for k in itertools.count():
         out, err = io.StringIO(), io.StringIO()
         with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             warnings.simplefilter("default", append=True)  # a change of filters: each run warns afresh
-            code = run_cli(main, argv)
+            code = run_cli(functools.partial(main, comm=comm), argv)
         answer[name] = [code, out.getvalue(), err.getvalue()]
     os.chdir(home)
     sys.path[:] = path
@@ -277,20 +306,25 @@ for k in itertools.count():
     if comm.rank == 0:
         (folder / f"res-{k}.json.part").write_text(json.dumps(answers))
         (folder / f"res-{k}.json.part").rename(folder / f"res-{k}.json")
+MPI.Finalize()
+sys.stdout.flush(), sys.stderr.flush()
+os._exit(0)  # no interpreter teardown: unloading torch and the rest takes 0.3 CPU s a rank
 """
 
 
 class Pool:
     """Ranks that run fedring command lines on request (:data:`POOL`): ``mpiexec -n ranks`` of them,
-    or one process for one rank. :func:`pooled` keeps a warm pool for each rank count of
-    :data:`WARM_RANKS` per test process, started at its first request and kept for the session, so
-    the runs meant to succeed (:func:`fedring`, :func:`fedring_many`) import torch and start MPI
-    once per process and rank count instead of once per job; other rank counts get a pool for one
-    request. A run that checks how a process ends (an exit code expected not to be 0, a signal, a
-    crash) starts its own job. A pool whose run fails or hangs ends, and fails its test."""
+    or one process for one rank. :func:`pooled` keeps one warm pool of :data:`SIZE` ranks per test
+    process, started at its first request and kept for the session; a request on fewer ranks runs
+    on the first of them (fedring on a communicator of those), so the runs meant to succeed
+    (:func:`fedring`, :func:`fedring_many`) import torch and start MPI once per rank and process
+    instead of once per job. More ranks than :data:`SIZE` get a pool for one request. A run that
+    checks how a process ends (an exit code expected not to be 0, a signal, a crash) starts its own
+    job. A pool whose run fails or hangs ends, and fails its test."""
 
-    WARM_RANKS = (1, 2, 3, 4)
-    warm: ClassVar[dict[int, Pool]] = {}
+    #: the warm pool's ranks: the most the tests' pooled runs use (one without mpiexec)
+    SIZE = 4 if MPIEXEC else 1
+    warm: ClassVar[Pool | None] = None
 
     def __init__(self, ranks: int):
         self.ranks, self.requests = ranks, 0
@@ -316,12 +350,7 @@ class Pool:
     @classmethod
     def warm_serves(cls, ranks: int) -> bool:
         """Whether a job of ``ranks`` ranks runs in the warm pool (the tests' environment unchanged since it started)."""
-        pool = cls.warm.get(ranks)
-        return (
-            ranks in cls.WARM_RANKS
-            and (ranks == 1 or MPIEXEC is not None)
-            and (pool is None or pool.env == cls.environment())
-        )
+        return ranks <= cls.SIZE and (cls.warm is None or cls.warm.env == cls.environment())
 
     def cpu(self) -> float:
         """CPU seconds (user + system) the pool's ranks have used so far."""
@@ -333,10 +362,10 @@ class Pool:
                 ticks += int(fields[11]) + int(fields[12])
         return ticks / os.sysconf("SC_CLK_TCK")
 
-    def run(self, runs: dict[str, list[str]], cwd: Path, timeout: float) -> list[dict]:
-        """Every rank's answer to one request: per run name, [exit code, stdout, stderr]."""
+    def run(self, ranks: int, runs: dict[str, list[str]], cwd: Path, timeout: float) -> list[dict]:
+        """The answer of each of the first ``ranks`` ranks to one request: per run name, [exit code, stdout, stderr]."""
         k, self.requests = self.requests, self.requests + 1
-        (self.folder / "req.part").write_text(json.dumps({"cwd": str(cwd), "runs": runs}))
+        (self.folder / "req.part").write_text(json.dumps({"cwd": str(cwd), "ranks": ranks, "runs": runs}))
         (self.folder / "req.part").rename(self.folder / f"req-{k}.json")
         answer, deadline = self.folder / f"res-{k}.json", time.monotonic() + timeout
         while not answer.exists():
@@ -374,30 +403,30 @@ def pooled(ranks: int, runs: dict[str, list[str]], cwd: Path, timeout: float) ->
             pytest.skip("mpiexec not found (pip install mpich)")
         pool = Pool(ranks)
         try:
-            return pool.run(runs, cwd, timeout)
+            return pool.run(ranks, runs, cwd, timeout)
         finally:
             pool.close()
     item = CURRENT[0]
     if ranks > 1 and item is not None and item.get_closest_marker("mpi") is None:
         pytest.fail(f"{item.nodeid} runs MPI jobs: mark it @pytest.mark.mpi")
-    if ranks not in Pool.warm:
-        Pool.warm[ranks] = Pool(ranks)
-    warm, test = Pool.warm[ranks], file_of(os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)"))
+    if Pool.warm is None:
+        Pool.warm = Pool(Pool.SIZE)
+    warm, test = Pool.warm, file_of(os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)"))
     LAUNCHES[test, "pooled"] += 1
     before = warm.cpu()
     try:
-        answers = warm.run(runs, cwd, timeout)
+        answers = warm.run(ranks, runs, cwd, timeout)
     except Exception:  # it ended, or its folder went: only this test fails, the next request starts a pool
         warm.close(kill=True)
-        del Pool.warm[ranks]
+        Pool.warm = None
         raise
     CPU[test] += warm.cpu() - before
     return answers
 
 
 def fedring(n: int, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    """``mpiexec -n n python -m fedring ARGS``; a run meant to succeed on a rank count of
-    :data:`Pool.WARM_RANKS` runs in its warm pool (its exit code, and what every rank printed, come
+    """``mpiexec -n n python -m fedring ARGS``; a run meant to succeed on up to :data:`Pool.SIZE`
+    ranks runs in the warm pool (its exit code, and what every rank printed, come
     back the same way)."""
     if check and Pool.warm_serves(n):
         argv = [str(a) for a in args]

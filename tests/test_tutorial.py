@@ -46,6 +46,7 @@ def test_the_page_has_the_steps_the_issue_asks_for():
 @pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install mpich)")
 def test_tutorial_runs_as_written(tmp_path, slurm_cluster):
     has_slurm = slurm_cluster is None  # a cluster that takes jobs, not merely sbatch on the path
+    printed = ""
     for kind, name, text in tutorial_steps():
         if kind == "file":
             (tmp_path / name).write_text(text)
@@ -62,6 +63,8 @@ def test_tutorial_runs_as_written(tmp_path, slurm_cluster):
             check=False,
         )
         assert proc.returncode == 0, f"{text}\nexit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        printed += proc.stdout
+    assert quoted_table() in printed  # the page's table is the one its grid gives
     with h5py.File(tmp_path / "results/long.h5") as f:  # interrupted, then resumed without --plugin
         assert f.attrs["status"] == "complete" and json.loads(f.attrs["config"])["plugins"] == ["mylab"]
         assert f["metrics/round"][-1] == 120
@@ -74,6 +77,12 @@ def test_tutorial_runs_as_written(tmp_path, slurm_cluster):
             cfg = json.loads(f.attrs["config"])
             assert f.attrs["status"] == "complete" and cfg["plugins"] == ["mylab"] and cfg["model"] == "tinynet"
     assert (tmp_path / "runs.csv").read_text().count("\n") > 3
+
+
+def quoted_table() -> str:
+    """The analysis table the page quotes (its one ``text`` block)."""
+    (table,) = re.findall(r"^```text\n(.*?)^```$", (ROOT / "docs" / "tutorial.md").read_text(), re.S | re.M)
+    return table
 
 
 def wait_for_array(out_dir, tasks: int, timeout: float = 300) -> list:
