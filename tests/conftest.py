@@ -195,8 +195,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_sessionfinish(session):
     """An xdist worker hands its launch and CPU counts to the controller, which prints the summary."""
-    if Pool.warm is not None:
-        Pool.warm.close()
+    for pool in Pool.warm.values():
+        pool.close()
     for stopping in SLURM_STOPPING:
         stopping.wait(timeout=120)
     output = getattr(session.config, "workeroutput", None)
@@ -314,17 +314,19 @@ os._exit(0)  # no interpreter teardown: unloading torch and the rest takes 0.3 C
 
 class Pool:
     """Ranks that run fedring command lines on request (:data:`POOL`): ``mpiexec -n ranks`` of them,
-    or one process for one rank. :func:`pooled` keeps one warm pool of :data:`SIZE` ranks per test
+    or one process for one rank. :func:`pooled` keeps a warm pool of :data:`SIZE` ranks per test
     process, started at its first request and kept for the session; a request on fewer ranks runs
     on the first of them (fedring on a communicator of those), so the runs meant to succeed
     (:func:`fedring`, :func:`fedring_many`) import torch and start MPI once per rank and process
-    instead of once per job. More ranks than :data:`SIZE` get a pool for one request. A run that
-    checks how a process ends (an exit code expected not to be 0, a signal, a crash) starts its own
-    job. A pool whose run fails or hangs ends, and fails its test."""
+    instead of once per job. The 1-rank runs of a test not marked ``mpi`` go to a warm pool of one
+    process instead: such a test starts no ``mpiexec``. More ranks than :data:`SIZE` get a pool for
+    one request. A run that checks how a process ends (an exit code expected not to be 0, a signal,
+    a crash) starts its own job. A pool whose run fails or hangs ends, and fails its test."""
 
     #: the warm pool's ranks: the most the tests' pooled runs use (one without mpiexec)
     SIZE = 4 if MPIEXEC else 1
-    warm: ClassVar[Pool | None] = None
+    #: the warm pools by size: :data:`SIZE`, and 1
+    warm: ClassVar[dict[int, Pool]] = {}
 
     def __init__(self, ranks: int):
         self.ranks, self.requests = ranks, 0
@@ -348,9 +350,13 @@ class Pool:
         return {k: v for k, v in mpi_env().items() if k not in cls.OWN_VARIABLES}
 
     @classmethod
-    def warm_serves(cls, ranks: int) -> bool:
-        """Whether a job of ``ranks`` ranks runs in the warm pool (the tests' environment unchanged since it started)."""
-        return ranks <= cls.SIZE and (cls.warm is None or cls.warm.env == cls.environment())
+    def warm_size(cls, ranks: int) -> int | None:
+        """The size of the warm pool that runs a job of ``ranks`` ranks for the running test, if one does
+        (the tests' environment unchanged since it started)."""
+        item = CURRENT[0]
+        size = 1 if ranks == 1 and (item is None or item.get_closest_marker("mpi") is None) else cls.SIZE
+        pool = cls.warm.get(size)
+        return size if ranks <= size and (pool is None or pool.env == cls.environment()) else None
 
     def cpu(self) -> float:
         """CPU seconds (user + system) the pool's ranks have used so far."""
@@ -398,7 +404,8 @@ def pooled(ranks: int, runs: dict[str, list[str]], cwd: Path, timeout: float) ->
     """Every rank's answer to running ``runs`` (:meth:`Pool.run`): in the warm pool where it serves
     ``ranks`` (a pooled job; the pool's CPU time goes to the test), else in a pool started for
     them alone (a job like any other, its CPU time counted when it ends)."""
-    if not Pool.warm_serves(ranks):
+    size = Pool.warm_size(ranks)
+    if size is None:
         if ranks > 1 and MPIEXEC is None:
             pytest.skip("mpiexec not found (pip install mpich)")
         pool = Pool(ranks)
@@ -409,16 +416,16 @@ def pooled(ranks: int, runs: dict[str, list[str]], cwd: Path, timeout: float) ->
     item = CURRENT[0]
     if ranks > 1 and item is not None and item.get_closest_marker("mpi") is None:
         pytest.fail(f"{item.nodeid} runs MPI jobs: mark it @pytest.mark.mpi")
-    if Pool.warm is None:
-        Pool.warm = Pool(Pool.SIZE)
-    warm, test = Pool.warm, file_of(os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)"))
+    if size not in Pool.warm:
+        Pool.warm[size] = Pool(size)
+    warm, test = Pool.warm[size], file_of(os.environ.get("PYTEST_CURRENT_TEST", "(outside tests)"))
     LAUNCHES[test, "pooled"] += 1
     before = warm.cpu()
     try:
         answers = warm.run(ranks, runs, cwd, timeout)
     except Exception:  # it ended, or its folder went: only this test fails, the next request starts a pool
         warm.close(kill=True)
-        Pool.warm = None
+        del Pool.warm[size]
         raise
     CPU[test] += warm.cpu() - before
     return answers
@@ -428,7 +435,7 @@ def fedring(n: int, *args: str, check: bool = True, **kw) -> subprocess.Complete
     """``mpiexec -n n python -m fedring ARGS``; a run meant to succeed on up to :data:`Pool.SIZE`
     ranks runs in the warm pool (its exit code, and what every rank printed, come
     back the same way)."""
-    if check and Pool.warm_serves(n):
+    if check and Pool.warm_size(n) is not None:
         argv = [str(a) for a in args]
         answers = pooled(n, {"run": argv}, kw.get("cwd", ROOT), kw.get("timeout", 180))
         code = next((a["run"][0] for a in answers if a["run"][0]), 0)

@@ -1,7 +1,6 @@
 """The user's own components: --plugin, import paths, entry points, and their failures (fedring.plugins)."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -9,7 +8,7 @@ import textwrap
 import h5py
 import numpy as np
 import pytest
-from conftest import MPIEXEC, ROOT
+from conftest import MPIEXEC, mpi_env
 
 from fedring import plugins
 from fedring.cli.run import build_config
@@ -297,7 +296,7 @@ def test_multi_rank_bad_plugin_stops_every_rank_with_one_message_and_no_file(tmp
         "import os\nif os.environ.get('PMI_RANK') == '1':\n    raise RuntimeError('only rank 1 fails')\n"
     )
     out = tmp_path / "r.h5"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = mpi_env()
     proc = subprocess.run(
         [
             MPIEXEC,
@@ -373,7 +372,7 @@ def test_resume_imports_the_plugins_stored_in_the_file(tmp_path):
         "resume_lab:Trim",
         "--quiet",
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = mpi_env()
 
     def launch(*args, script=("-m", "fedring")):
         return subprocess.run(
