@@ -244,6 +244,31 @@ def test_plan_by_file_state(tmp_path):
         plan(base, 1, restart=False)
 
 
+#: ``python no_torch.py ARGS``: ``python -m fedring ARGS``, then fails if torch was imported
+NO_TORCH = """
+import sys
+from fedring.cli import main
+code = main(sys.argv[1:])
+assert "torch" not in sys.modules, "torch was imported"
+sys.exit(code)
+"""
+
+
+def test_planning_and_listing_import_no_torch(tmp_path):
+    """A job's planning step (every array task starts one) and a sweep's listing check settings without
+    importing torch, which takes most of a second: they start in a fraction of it."""
+    script = tmp_path / "no_torch.py"
+    script.write_text(NO_TORCH)
+    grid = tmp_path / "g.toml"
+    grid.write_text('dataset = "synthetic"\nrounds = 3\nmomentum = [0.0, 0.9]\n[sweep]\nout_dir = "out"\n')
+    for args in (
+        ["sweep", "--plan", "--dataset", "synthetic", "--set", "clip_norm=1", "--out", "r.h5"],
+        ["sweep", str(grid), "--dry-run"],
+    ):
+        proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+
+
 def test_task_args(tmp_path):
     (tmp_path / "tasks-x.txt").write_text("aaa\nbbb\n")
     assert task_args(tmp_path / "tasks-x.txt", 1) == [

@@ -29,14 +29,16 @@ Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2, with ``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from fedring.errors import ConfigError
 from fedring.registry import Registry
 from fedring.validate import real
+
+if TYPE_CHECKING:  # torch itself only where a tensor is made: a run's settings are checked without it
+    import torch
 
 F32 = np.float32
 State = dict[str, np.ndarray]
@@ -63,12 +65,15 @@ def f32(x: float) -> float:
 def norm64(g: Vector) -> float:
     """``||g||_2`` summed in float64: numpy's sum for an array, torch's (another order) for a tensor.
 
+    >>> import torch
     >>> norm64(np.array([3, 4], np.float32)), norm64(torch.tensor([3.0, 4.0]))
     (5.0, 5.0)
     """
-    if isinstance(g, torch.Tensor):
-        return float(torch.linalg.vector_norm(g, dtype=torch.float64))
-    return float(np.linalg.norm(g.astype(np.float64)))
+    if isinstance(g, np.ndarray):
+        return float(np.linalg.norm(g.astype(np.float64)))
+    import torch
+
+    return float(torch.linalg.vector_norm(g, dtype=torch.float64))
 
 
 def clip(g: Vector, c: float) -> Vector:
@@ -78,6 +83,7 @@ def clip(g: Vector, c: float) -> Vector:
     [0.6000000238418579, 0.800000011920929]
     >>> clip(np.array([0.3, 0.4], np.float32), 1.0).tolist()  # inside the ball: unchanged
     [0.30000001192092896, 0.4000000059604645]
+    >>> import torch
     >>> clip(torch.tensor([3.0, 4.0]), 1.0).tolist()
     [0.6000000238418579, 0.800000011920929]
     """
@@ -126,6 +132,8 @@ class ClientOptimizer:
             return {}
         if device is None:
             return {"m": np.zeros((n_local, d), F32)}
+        import torch
+
         return {"m": torch.zeros((n_local, d), dtype=torch.float32, device=device)}
 
     def gradient(self, g: Vector, w: Vector) -> Vector:
