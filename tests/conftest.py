@@ -144,7 +144,7 @@ def write_bytecode() -> None:
     """Cache the bytecode of what the tests' processes import from the repository (fedring, analysis,
     the helpers in tests/) where it is missing or stale. An editable install leaves it to the first
     import to write, and not even that where ``PYTHONDONTWRITEBYTECODE`` is set: then each of the
-    suite's 250 processes compiled fedring again, 0.1 CPU s each (docs/figures.md, "The test suite")."""
+    suite's 230 Python processes compiled fedring again, 0.1 CPU s each (docs/figures.md, "The test suite")."""
     import compileall
 
     for package in ("fedring", "analysis"):
