@@ -265,7 +265,14 @@ def test_planning_and_listing_import_no_torch(tmp_path):
         ["sweep", "--plan", "--dataset", "synthetic", "--set", "clip_norm=1", "--out", "r.h5"],
         ["sweep", str(grid), "--dry-run"],
     ):
-        proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, cwd=tmp_path)
+        proc = subprocess.run(
+            [sys.executable, str(script), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=mpi_env(),
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stderr
 
 
