@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fedring.names import CALIBRATION
 from fedring.results import FileStatus
 
 from .load import h5_files, open_results, report_skipped
@@ -42,7 +43,7 @@ def read_conformal(path: Path) -> tuple[list[dict] | None, str | None]:
         status = str(f.attrs.get("status", "unknown"))
         if status != FileStatus.COMPLETE:
             return None, f"not complete (status = {status})"
-        if "calibration" not in f:
+        if CALIBRATION not in f:
             return None, "no /calibration (not a conformal run)"
         seed = json.loads(f.attrs.get("config", "{}")).get("seed")
     from fedring.conformal.trials import (

@@ -19,6 +19,7 @@ import h5py
 import numpy as np
 import pandas as pd
 
+from fedring.names import BYTES_SENT, METRICS, RING, RING_BEFORE_0_3, SERVER_BYTES_SENT
 from fedring.results import FileStatus
 
 RUN_COLUMNS = ["file", "run", "status", "rounds_completed", "world_size", "n_clients", "n_parameters"]
@@ -69,13 +70,13 @@ def read_run(path: Path, include_incomplete: bool = False) -> tuple[pd.DataFrame
             return None, "still running (status = running)"
         if status != FileStatus.COMPLETE and not include_incomplete:
             return None, f"not complete (status = {status}, {int(f.attrs.get('rounds_completed', 0))} rounds)"
-        if "metrics" not in f or "round" not in f["metrics"]:
+        if METRICS not in f or "round" not in f[METRICS]:
             return None, "no /metrics (not a training run)"
         try:
             config = json.loads(f.attrs["config"])
         except (KeyError, ValueError) as e:
             return None, f"no readable config attribute ({e})"
-        metrics = {name: ds[:] for name, ds in f["metrics"].items() if isinstance(ds, h5py.Dataset) and ds.ndim == 1}
+        metrics = {name: ds[:] for name, ds in f[METRICS].items() if isinstance(ds, h5py.Dataset) and ds.ndim == 1}
         n = len(metrics["round"])
         frame = pd.DataFrame({k: v if len(v) == n else np.full(n, np.nan) for k, v in metrics.items()})
         if "test_accuracy" in frame:
@@ -87,12 +88,12 @@ def read_run(path: Path, include_incomplete: bool = False) -> tuple[pd.DataFrame
             **{k: int(f.attrs[k]) for k in RUN_COLUMNS[3:] if k in f.attrs},
             **flat_config(config),
         }
-        sent = f.get("comm/bytes_sent")
+        sent = f.get(BYTES_SENT)
         run["bytes_per_client_round"] = float(sent[:].mean()) if sent is not None and sent.size else np.nan
-        server = f.get("comm/server_bytes_sent")
+        server = f.get(SERVER_BYTES_SENT)
         run["server_bytes_per_round"] = float(server[:].mean()) if server is not None and server.size else np.nan
     # a metric named like a setting (the lr applied in a round vs the lr setting) keeps its HDF5 path
-    frame = frame.rename(columns={k: f"metrics/{k}" for k in frame.columns if k in run})
+    frame = frame.rename(columns={k: f"{METRICS}/{k}" for k in frame.columns if k in run})
     for key, value in reversed(run.items()):
         frame.insert(0, key, value)
     return frame, None
@@ -117,7 +118,7 @@ def load_runs(paths: list[str | Path], include_incomplete: bool = False) -> tupl
 
 
 #: where the ring rules' per-round figures are: ``/ring`` in files written after 0.2.0, ``/brace`` in files of 0.2.0
-RING_GROUPS = ("ring", "brace")
+RING_GROUPS = (RING, RING_BEFORE_0_3)
 
 
 def ring_rows(path: str | Path) -> pd.DataFrame:

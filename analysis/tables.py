@@ -35,6 +35,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedring.config import FIELDS, RUN_CONTROL
+from fedring.names import METRICS
 
 from . import (
     AGGREGATOR_LABELS,
@@ -90,8 +91,8 @@ def metric_column(df: pd.DataFrame, metric: str) -> str:
     """The column of ``--metric``: a measurement, or ``metrics/<name>`` when a setting has the name (``lr``)."""
     if metric in metric_columns(df):
         return metric
-    if f"metrics/{metric}" in df:
-        return f"metrics/{metric}"
+    if f"{METRICS}/{metric}" in df:
+        return f"{METRICS}/{metric}"
     raise SystemExit(f"--metric {metric!r}: not a metric of these runs; metrics: {', '.join(metric_columns(df))}")
 
 
@@ -304,7 +305,7 @@ def paper_table(
         other = beside.at[text(r), text(c)] if beside is not None else None
         return out + (f" ({other:.{digits}f})" if pd.notna(other) else "")
 
-    what = metric.removeprefix("metrics/").replace("_", " ")
+    what = metric.removeprefix(f"{METRICS}/").replace("_", " ")
     seeds = final["seed"].nunique() if "seed" in final else 1
     short = int((final["evaluations"] < window).sum())
     caption = (

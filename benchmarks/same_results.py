@@ -1,11 +1,12 @@
 """Check that a code change leaves training results bit-identical.
 
-    python benchmarks/same_results.py run DIR      # run the reference configs with the code here
+    python benchmarks/same_results.py run DIR [RANKS]   # run the reference configs with the code here
     python benchmarks/same_results.py compare OLD NEW
 
 ``run`` writes one results file per reference config (small synthetic runs that cover both
 topologies, the ring sign rules, stateful server rules, a data attack, an omniscient attack,
-local steps and resume). ``compare`` checks that every dataset and root attribute of each OLD
+local steps, client sampling on both topologies and batched clients) on RANKS ranks (default 2).
+``compare`` checks that every dataset and root attribute of each OLD
 file exists in the NEW file with identical bytes; datasets and attributes added by NEW, and
 the ``config`` and ``fedring_version`` attributes, are ignored. An OLD file's ``/brace/X`` (as
 0.2.0 wrote the ring rules' figures) is compared with the NEW file's ``/ring/X``. Exit code 1
@@ -144,6 +145,52 @@ CONFIGS = {
         "--set",
         "attack.evals=4",
     ],
+    "ring-brace-cohort": [
+        "--clients",
+        "9",
+        "--aggregator",
+        "brace",
+        "--lr",
+        "0.01",
+        "--byzantine",
+        "2",
+        "--attack",
+        "signflip",
+        "--set",
+        "participation=0.5",
+        "--set",
+        "availability=0.8",
+    ],
+    "server-fldetector-cohort": [
+        "--clients",
+        "9",
+        "--topology",
+        "server",
+        "--aggregator",
+        "fldetector",
+        "--byzantine",
+        "2",
+        "--attack",
+        "alie",
+        "--set",
+        "participation=5",
+    ],
+    "server-trimmed-batched": [
+        "--clients",
+        "6",
+        "--topology",
+        "server",
+        "--aggregator",
+        "trimmed_mean",
+        "--byzantine",
+        "1",
+        "--attack",
+        "ipm",
+        "--local-steps",
+        "2",
+        "--set",
+        "batched_clients=4",
+    ],
 }
 
 
@@ -203,7 +250,7 @@ def compare(old_dir: Path, new_dir: Path) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["run"]:
-        run(Path(sys.argv[2]))
+        run(Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 2)
     elif sys.argv[1:2] == ["compare"]:
         sys.exit(compare(Path(sys.argv[2]), Path(sys.argv[3])))
     else:

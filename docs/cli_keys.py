@@ -42,6 +42,11 @@ NO_OPTION_MEANING = {
     "task": "what runs: `train`, `prism` or `labelshift` (`python -m fedring conformal TASK` sets it)",
     "stop_grace": "seconds a stop signal waits for the current round or trial to end before the job "
     "is aborted (file marked `preempted`)",
+    "tensorboard_dir": "with `log` naming `tensorboard`: the folder of the runs' event files, one subfolder per "
+    "run named after its results file (`tensorboard --logdir runs`); docs/hdf5.md#experiment-trackers",
+    "mlflow_uri": "with `log` naming `mlflow`: the tracking URI (a server's `http://...`, `sqlite:///FILE.db`); "
+    "unset: `$MLFLOW_TRACKING_URI`, else MLflow's default (`sqlite:///mlflow.db` here); "
+    "docs/hdf5.md#experiment-trackers",
     "threads": "torch CPU threads per rank (training only; a run is bit-identical only with the same value)",
     "device": "`cpu`, `cuda` (each rank on the GPU of its node-local rank modulo the visible GPUs; refused where none "
     "is visible) or `auto` (`cuda` where a GPU is visible); training only; docs/slurm.md#gpus",
@@ -50,7 +55,7 @@ NO_OPTION_MEANING = {
     "client at a time. Refused with BatchNorm or dropout models, `local_epochs`, shards smaller than `batch_size`; "
     "docs/training.md",
     "byzantine_select": "which clients are Byzantine: `random` (drawn from the seed) or `first` (ids 0 .. b-1)",
-    "server_samples": "training samples drawn once for the server's clean gradient (`fltrust`, `zenopp`, "
+    "server_samples": "training samples drawn once for the server's clean gradient (`fltrust`, `zenopp`, `monna`, "
     '`hplus` with `mode = "clean"`)',
     "validation": "fraction in [0, 1) of every client's training samples held out (floor) and evaluated like the "
     "test set (`/metrics/validation_*`); drawn per client from the seed",
@@ -61,8 +66,14 @@ NO_OPTION_MEANING = {
     "momentum": "client heavy-ball momentum beta in [0, 1): `m <- beta m + u`; the client uploads `m` "
     "(worker momentum); docs/training.md",
     "nesterov": "upload `u + beta m` instead of `m` (needs momentum > 0)",
+    "dampening": "`m <- beta m + (1 - beta) u` (ByzFL's clients and the papers) instead of heavy ball "
+    "`m <- beta m + u` (Karimireddy et al.'s code, torch's SGD); needs momentum > 0",
     "weight_decay": "`g <- g + weight_decay * w` on every local mini-batch gradient (after clipping)",
     "clip_norm": "clip every local mini-batch gradient to this L2 norm (unset: no clipping)",
+    "dp": "client-level differential privacy, DP-FedAvg: `central` (a server averaging the uploads clipped to "
+    "`dp.clip`, noise z C / m on the mean; `--topology server --aggregator mean`) or `local` (every honest "
+    "client clips and noises its own upload); `dp.clip` (1), `dp.noise_multiplier` (1), `dp.delta` (1e-5); "
+    "epsilon per round in `/dp/epsilon`; needs the `dp` extra; docs/training.md#client-level-differential-privacy",
     "server_optimizer": "what the replicas do with the aggregate: `sgd` (`w -= lr_t g`), `momentum`, `adam`, "
     "`yogi`, `adagrad`; parameters in the section named after it (table below)",
     "participation": "clients per round: a fraction in (0, 1] of all clients (max(1, round(p x clients))) or a "
@@ -281,14 +292,14 @@ def t_ring_rules() -> str:
 
 
 def t_attacks() -> str:
-    from fedring.attacks import ATTACKS
+    from fedring.attacks import ATTACKS, DataAttack
 
     rows = []
     for name, cls in ATTACKS.items():
-        params = params_cell(cls, ("n_clients",))
+        params = params_cell(cls, ("n_clients", "n_classes"))
         if "`target`" in params and name == "adaptive":
             params += " (defaults per target: docs/attacks.md)"
-        kind = "data" if getattr(cls, "kind", "") == "data" else "model"
+        kind = "data" if issubclass(cls, DataAttack) else "model"
         rows.append([f"`{name}`", kind, params])
     return table(["`attack`", "kind", "`attack.*` keys (default)"], rows)
 
@@ -456,7 +467,7 @@ EXAMPLE = re.compile(r"```toml\n(# python -m fedring[^\n]*\n.*?)```", re.DOTALL)
 
 
 def check_example(toml_text: str) -> str | None:
-    """None if the example resolves to a valid config (and its training components build), else why."""
+    """None if the example resolves to a valid config (validation builds a run's components), else why."""
     import tempfile
 
     from fedring.cli.run import build_config
@@ -466,37 +477,7 @@ def check_example(toml_text: str) -> str | None:
         path = Path(tmp) / "example.toml"
         path.write_text(toml_text)
         try:
-            cfg = build_config(["--config", str(path), "--out", str(Path(tmp) / "x.h5")], 1)
-            if cfg.task == "train":  # what the trainer builds when the run starts (fedring/train/trainer.py)
-                from fedring.aggregators import (
-                    AGGREGATORS,
-                    PRE_AGGREGATORS,
-                    make_aggregator,
-                )
-                from fedring.attacks import make_attack
-                from fedring.comm import RING_RULES
-                from fedring.config import defence_f
-
-                make_attack(cfg.attack, cfg.section("attack"), n_clients=cfg.clients)
-                if cfg.topology == "ring":
-                    RING_RULES.build(
-                        cfg.aggregator,
-                        cfg.section(cfg.aggregator),
-                        key="aggregator",
-                        n_clients=cfg.clients,
-                        seed=cfg.seed,
-                    )
-                else:
-                    params = {
-                        **cfg.section(cfg.aggregator),
-                        **{k: v for k, v in cfg.sections.items() if k in PRE_AGGREGATORS or k in AGGREGATORS},
-                    }
-                    params.pop(cfg.aggregator, None)
-                    reason = make_aggregator(cfg.aggregator, defence_f(cfg), params, cfg.pre_aggregators).check(
-                        cfg.clients
-                    )
-                    if reason:
-                        return reason
+            build_config(["--config", str(path), "--out", str(Path(tmp) / "x.h5")], 1)  # builds its components
         except ConfigError as e:
             return str(e)
     return None

@@ -18,13 +18,16 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import validate as check
+from . import validate
 from .errors import ConfigError
 
+#: the experiment trackers' settings (fedring.tracking): run control that ``--resume`` takes from
+#: the file unless given, so that a resumed run goes on logging where it did
+TRACKING = ("log", "tensorboard_dir", "mlflow_uri")
 #: settings of every task; the other top-level settings belong to training
-GENERAL = ("task", "plugins", "seed", "out", "overwrite", "resume", "quiet", "stop_grace")
+GENERAL = ("task", "plugins", "seed", "out", "overwrite", "resume", "quiet", "stop_grace", *TRACKING)
 #: settings that steer a run without changing its results: --resume and sweeps ignore them
-RUN_CONTROL = ("out", "overwrite", "resume", "quiet", "checkpoint_every", "stop_grace")
+RUN_CONTROL = ("out", "overwrite", "resume", "quiet", "checkpoint_every", "stop_grace", *TRACKING)
 
 
 @dataclass
@@ -57,8 +60,10 @@ class Config:
     local_epochs: int | None = None  # passes over the shard instead of local_steps
     momentum: float = 0.0
     nesterov: bool = False
+    dampening: bool = False  # m = beta m + (1 - beta) u (ByzFL's form) instead of heavy ball m = beta m + u
     weight_decay: float = 0.0
     clip_norm: float | None = None
+    dp: str = "none"  # client-level differential privacy: none, central or local (fedring.train.privacy)
     server_optimizer: str = "sgd"
     seed: int = 0
     eval_every: int = 50
@@ -75,6 +80,9 @@ class Config:
     overwrite: bool = False
     resume: bool = False
     quiet: bool = False
+    log: list = field(default_factory=list)  # experiment trackers rank 0 also logs to: tensorboard, mlflow
+    tensorboard_dir: str = "runs"  # the run's event files go to <tensorboard_dir>/<results file stem>
+    mlflow_uri: str | None = None  # default: $MLFLOW_TRACKING_URI, else MLflow's own (sqlite:///mlflow.db)
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -91,7 +99,7 @@ class Config:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "sections"}
-check.TOP_LEVEL_KEYS.update(FIELDS)
+validate.TOP_LEVEL_KEYS.update(FIELDS)
 DEFAULTS = Config()
 #: DEFAULTS as a dict, made once: a sweep compares thousands of configs with it
 DEFAULT_VALUES = types.MappingProxyType(dataclasses.asdict(DEFAULTS))
@@ -111,21 +119,21 @@ def coerce(key: str, kind: str, value: Any) -> Any:
         return None
     base = kind.replace(" | None", "")
     if base == "int":
-        return check.integer(key, value)
+        return validate.integer(key, value)
     if base == "float":
-        return check.real(key, value)
+        return validate.real(key, value)
     if base == "bool":
-        return check.boolean(key, value)
+        return validate.boolean(key, value)
     if base == "str":
-        return check.text(key, value)
+        return validate.text(key, value)
     if base in ("list", "list[str]"):
-        return check.names(key, value)
+        return validate.names(key, value)
     if base == "list[float]":
         items = value if isinstance(value, list) else [value]
-        return [check.real(key, v) for v in items]
+        return [validate.real(key, v) for v in items]
     if base == "list[int]":
         items = value if isinstance(value, list) else [value]
-        return [check.integer(key, v) for v in items]
+        return [validate.integer(key, v) for v in items]
     raise TypeError(f"setting {key} has a type fedring cannot read: {kind}")
 
 
@@ -153,7 +161,7 @@ def merge(cfg: Config, items: dict[str, Any], origin: str) -> Config:
         else:
             raise ConfigError(
                 key,
-                f"unknown setting (from {origin}); {check.suggestion(key, FIELDS)}"
+                f"unknown setting (from {origin}); {validate.suggestion(key, FIELDS)}"
                 f"allowed: {', '.join(FIELDS)}, or section.key",
             )
     return cfg
@@ -190,13 +198,13 @@ def section_settings(schema: type, name: str, values: dict[str, Any]):
     """The settings section ``[name]`` as an instance of the dataclass ``schema``.
 
     Unknown keys are refused with the allowed list; values are read as the fields' types;
-    the schema's ``check()`` (if any) validates ranges and fills derived defaults.
+    the schema's ``validate()`` (if any) checks ranges and fills derived defaults.
     """
     kinds = {f.name: str(f.type) for f in dataclasses.fields(schema)}  # annotations as text (PEP 563)
-    check.known_keys(name, f"task {name}", values, kinds)
+    validate.known_keys(name, f"task {name}", values, kinds)
     settings = schema(**{k: coerce(f"{name}.{k}", kinds[k], v) for k, v in values.items()})
-    if hasattr(settings, "check"):
-        settings.check()
+    if hasattr(settings, "validate"):
+        settings.validate()
     return settings
 
 

@@ -12,15 +12,16 @@ checkpoint state; the :class:`Driver` does the rest, the same way for every task
 
 What rank 0 writes and prints goes through a :class:`Recorder`; every other rank holds a
 :class:`NullRecorder`, which does nothing, so a job's step records unconditionally and the
-loop has no rank branches. The watchdog marks the file ``failed`` or ``preempted`` through the
-recorder if the job is aborted (:mod:`fedring.runtime`).
+loop has no rank branches. The recorder also hands each entry to the experiment trackers of
+``log`` (:mod:`fedring.tracking`), once it is in the file. The watchdog marks the file
+``failed`` or ``preempted`` through the recorder if the job is aborted (:mod:`fedring.runtime`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Protocol
 
 import h5py
@@ -28,19 +29,10 @@ import numpy as np
 from mpi4py import MPI
 
 from .config import Config
-from .results import FileStatus, ResultsFile, resume_point
+from .errors import ResultsError
+from .results import Entry, FileStatus, ResultsFile, resume_point
 from .runtime import EXIT_PREEMPTED, Progress, Watchdog, on_rank0
-
-
-@dataclass(frozen=True)
-class Entry:
-    """What one step adds to the results file: ``/metrics/<name>`` entries (evaluated steps
-    only), one row of each dataset in ``rows``, and the progress line (None: no line)."""
-
-    done: int
-    metrics: dict
-    rows: dict
-    line: str | None = None
+from .tracking import Tracker, open_trackers, scalars
 
 
 class Job(Protocol):
@@ -80,37 +72,50 @@ class Job(Protocol):
 
 
 class Recorder:
-    """Rank 0's side of a job: the results file, progress lines, messages."""
+    """Rank 0's side of a job: the results file, its trackers, progress lines, messages."""
 
     def __init__(self, results: ResultsFile, progress: Progress, quiet: bool):
         self.results, self.progress, self.quiet = results, progress, quiet
+        self.trackers: list[Tracker] = []
 
     @classmethod
     def open(
         cls, job: Job, cfg: Config, world_size: int, done: int, progress: Progress, first: tuple[dict, dict] | None
     ) -> Recorder:
         """A new results file with its header and ``first``, the checkpoint of step 0, or the
-        resumed one cut at ``done``."""
+        resumed one cut at ``done``; then the trackers of ``cfg.log``."""
         if cfg.resume:
             assert cfg.out is not None, "the task's checks name the results file"
             results = ResultsFile.reopen(cfg.out, done)
             results.h5.attrs["world_size"] = world_size
-            return cls(results, progress, cfg.quiet)
-        recorder = cls(ResultsFile.create(cfg, world_size, job.file_attrs()), progress, cfg.quiet)
-        job.begin(recorder)
-        if first is not None:  # a run that dies before its first checkpoint still resumes
-            arrays, attrs = first
-            recorder.results.write_checkpoint(arrays, {"round": 0, **attrs, "wall_seconds": 0.0})
+            recorder = cls(results, progress, cfg.quiet)
+        else:
+            recorder = cls(ResultsFile.create(cfg, world_size, job.file_attrs()), progress, cfg.quiet)
+            job.begin(recorder)
+            if first is not None:  # a run that dies before its first checkpoint still resumes
+                arrays, attrs = first
+                recorder.results.write_checkpoint(arrays, {"round": 0, **attrs, "wall_seconds": 0.0})
+        try:
+            open_trackers(cfg, recorder.results, done, recorder.trackers)
+        except BaseException:  # the watchdog does not know this recorder yet: the file is marked here
+            with contextlib.suppress(ResultsError):  # a tracker that fails to close too: the first error tells
+                recorder.close(FileStatus.FAILED)
+            raise
         return recorder
 
-    def record(self, entries: Callable[..., Iterable[Entry]], *args) -> None:
-        """Append the entries ``entries(*args)`` makes, each with its progress line.
+    def record(self, entries: Iterable[Entry]) -> None:
+        """Append ``entries``, each then handed to the trackers and printed as its progress line.
 
-        Rank 0 alone calls ``entries``: it formats figures that only rank 0 holds (what
-        :meth:`fedring.comm.Network.gather_ledger` gathers, the server's choices).
+        Rank 0 alone reads ``entries``: a job passes a lazy iterable (a generator), which formats
+        figures that only rank 0 holds (what :meth:`fedring.comm.Network.gather_ledger` gathers,
+        the server's choices) as it is read, so the other ranks' :class:`NullRecorder` never runs it.
         """
-        for entry in entries(*args):
+        for entry in entries:
             self.results.append_round(entry.metrics, entry.rows, rounds_completed=entry.done)
+            if self.trackers:
+                values = scalars(entry)
+                for tracker in self.trackers:
+                    tracker.log(entry.done, values)
             if entry.line is not None:
                 self.progress.line(entry.done, entry.line)
 
@@ -141,7 +146,17 @@ class Recorder:
             print(text, file=sys.stdout, flush=True)
 
     def close(self, status: FileStatus) -> None:
+        """Mark and close the file first (the watchdog's abort waits only so long), then end the
+        trackers' runs; raises the first tracker's failure once every one was closed."""
         self.results.close(status)
+        failures: list[ResultsError] = []
+        for tracker in self.trackers:
+            try:
+                tracker.close(status)
+            except ResultsError as e:
+                failures.append(e)
+        if failures:
+            raise failures[0]
 
 
 class NullRecorder(Recorder):
@@ -150,7 +165,7 @@ class NullRecorder(Recorder):
     def __init__(self):
         pass
 
-    def record(self, entries, *args):
+    def record(self, entries):
         pass
 
     def write(self, name, data):

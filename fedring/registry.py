@@ -57,7 +57,7 @@ class Registry:
         self.bases = (*self.bases, cls)
         return cls
 
-    def check(self, cls: Any) -> str:
+    def validate(self, cls: Any) -> str:
         """Raise TypeError unless ``cls`` can be a component: a class, a subclass of a base of
         this kind, with a ``name`` (a non-empty string without ``:``, which marks import paths)
         and the class attributes this kind ``requires``. Returns the name."""
@@ -78,7 +78,7 @@ class Registry:
 
     def register(self, cls: C) -> C:
         """Class decorator: make ``cls`` selectable by its ``name``."""
-        name = self.check(cls)
+        name = self.validate(cls)
         if name in self._classes and self._classes[name] is not cls:
             raise ValueError(f"two {self.kind}s are named {name!r}: {self._classes[name]} and {cls}")
         self._classes[name] = cls
@@ -95,7 +95,7 @@ class Registry:
                 raise ConfigError(key, f"{path}: module {module} has no {attr!r}")
             obj = getattr(obj, part)
         try:
-            self.check(obj)
+            self.validate(obj)
         except TypeError as e:
             raise ConfigError(key, f"{path}: {e}") from None
         return obj

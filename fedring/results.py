@@ -1,16 +1,10 @@
 """Results streamed to one HDF5 file per run, written by rank 0.
 
-Layout::
-
-    /                       attrs: config (JSON), fedring_version, status (a :class:`FileStatus`:
-                                   running | complete | preempted | failed), rounds_completed, world_size, n_clients, n_parameters
-    /metrics/<name>         1-D, one entry per evaluated round (round, test_accuracy, ...)
-    /comm/bytes_sent        (rounds, clients) protocol bytes each client sent in each round
-    /comm/server_bytes_sent (rounds,) bytes the server sent (server topology)
-    /model/final            final flat float32 parameter vector
-    /checkpoint             two slots, ``a`` and ``b``; attr ``current`` names the one holding the
-                            last checkpoint (model, aggregator state; attrs round,
-                            bytes_sent_total, wall_seconds); --resume starts there
+The layout is ``docs/hdf5.md``; the names of its groups and datasets are :mod:`fedring.names`.
+The root attributes are ``config`` (JSON), ``fedring_version``, ``status`` (a :class:`FileStatus`),
+``rounds_completed``, ``world_size``, ``n_clients`` and the task's own. ``/checkpoint`` has two
+slots, ``a`` and ``b``; its attr ``current`` names the one holding the last checkpoint (arrays,
+and attrs ``round``, ``wall_seconds`` ...), where ``--resume`` starts.
 
 Every append is followed by a flush, so a reader (or a killed job) finds every completed
 round. Before each write the file system must have room for it plus a reserve (so the final
@@ -29,6 +23,7 @@ open without ``h5clear``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import json
 import os
@@ -41,6 +36,18 @@ import numpy as np
 
 from . import __version__
 from .errors import ConfigError, ResultsError
+from .names import CHECKPOINT, METRICS, MODEL_FINAL
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """What one step adds to the results file: ``/metrics/<name>`` entries (evaluated steps
+    only), one row of each dataset in ``rows``, and the progress line (None: no line)."""
+
+    done: int
+    metrics: dict
+    rows: dict
+    line: str | None = None
 
 
 class FileStatus(enum.StrEnum):
@@ -61,7 +68,7 @@ SLACK = 64 << 10
 def read_checkpoint(h5: h5py.File, skip: tuple[str, ...] = ()) -> tuple[dict[str, np.ndarray], dict] | None:
     """The current checkpoint of an open results file: (arrays, attrs), or None if it has none;
     arrays whose names start with one of ``skip`` are left in the file (read by the caller in parts)."""
-    root = h5.get("checkpoint")
+    root = h5.get(CHECKPOINT)
     if root is None or "current" not in root.attrs:
         return None
     slot = root[root.attrs["current"]]
@@ -123,18 +130,20 @@ class ResultsFile:
         self = cls.__new__(cls)
         self.path = Path(path)
         self.h5 = h5py.File(self.path, "r+")
-        rounds = self.h5["metrics/round"][:] if "metrics/round" in self.h5 else np.zeros(0)
+        evaluated = f"{METRICS}/round"
+        rounds = self.h5[evaluated][:] if evaluated in self.h5 else np.zeros(0)
         keep_metrics = int(np.searchsorted(rounds, rounds_completed, side="right"))
-        # /metrics has one entry per evaluated round; every other resizable group one per round
+        # only appended datasets can grow (those written once, checkpoints included, have a fixed
+        # shape, maybe none): /metrics has one entry per evaluated round, every other one per round
         for name, group in self.h5.items():
-            if not isinstance(group, h5py.Group) or name in ("checkpoint", "byzantine", "model"):
+            if not isinstance(group, h5py.Group):
                 continue
-            keep = keep_metrics if name == "metrics" else rounds_completed
+            keep = keep_metrics if name == METRICS else rounds_completed
             for ds in group.values():
-                if isinstance(ds, h5py.Dataset) and ds.maxshape[0] is None:
+                if isinstance(ds, h5py.Dataset) and ds.maxshape[:1] == (None,):
                     ds.resize(min(keep, ds.shape[0]), axis=0)
-        if "model/final" in self.h5:
-            del self.h5["model/final"]
+        if MODEL_FINAL in self.h5:
+            del self.h5[MODEL_FINAL]
         self.h5.attrs["rounds_completed"] = rounds_completed
         self.h5.attrs["status"] = FileStatus.RUNNING.value
         self.h5.flush()
@@ -209,7 +218,7 @@ class ResultsFile:
         rows = rows or {}
         with self._writing(sum(np.asarray(v).nbytes for v in [*metrics.values(), *rows.values()])):
             for name, value in metrics.items():
-                self._append(f"metrics/{name}", value)
+                self._append(f"{METRICS}/{name}", value)
             for name, value in rows.items():
                 self._append(name, value)
             if rounds_completed is not None:
@@ -228,7 +237,7 @@ class ResultsFile:
             self._write_checkpoint(arrays, attrs)
 
     def _write_checkpoint(self, arrays: dict[str, np.ndarray | BlockArray], attrs: dict) -> None:
-        root = self.h5.require_group("checkpoint")
+        root = self.h5.require_group(CHECKPOINT)
         slot = root.require_group("b" if root.attrs.get("current") == "a" else "a")
         for name in set(slot) - set(arrays):
             del slot[name]

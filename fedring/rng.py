@@ -67,6 +67,10 @@ class Stream(IntEnum):
     LS_PARTICIPATION = 0x1506  # the server's sampled agents (run-wide; extra: target, variant)
     LS_TEST = 0x1507  # the target's test points (run-wide; extra: target)
     LS_SPLIT = 0x1508  # the calibration/test split of a logits set (run-wide)
+    # training, once per run (added after the others; a new value changes no other draw)
+    NATURAL_USERS = 0x05E2  # which of a data set's users are the clients (partition natural)
+    DP_NOISE = 0xD901  # the server's Gaussian noise on the round's mean (dp = central; per round)
+    DP_LOCAL = 0xD902  # an honest client's Gaussian noise on its upload (dp = local; per client and round)
 
 
 def generator(

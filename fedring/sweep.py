@@ -91,7 +91,7 @@ from .config import (
 )
 from .errors import ConfigError
 from .results import FileStatus, read_checkpoint
-from .tasks import Task, validate
+from .tasks import Task, make_task
 
 #: the job scripts and the grids shipped with fedring (the repository's jobs/, installed as package data)
 JOBS_DIR = Path(__file__).parent / "jobs"
@@ -202,9 +202,9 @@ def resolve(settings: dict[str, Any], ranks: int, origin: str) -> Config:
 
 def task_of(cfg: Config, ranks: int) -> Task:
     """The task of ``cfg`` on ``ranks`` ranks, its settings checked on a copy (files are not checked)."""
-    check = copy.deepcopy(cfg)
-    check.out, check.overwrite, check.resume = os.devnull, True, False
-    return validate(check, ranks)
+    probe = copy.deepcopy(cfg)
+    probe.out, probe.overwrite, probe.resume = os.devnull, True, False
+    return make_task(probe, ranks)
 
 
 def config_hash(cfg: Config) -> str:

@@ -1,6 +1,6 @@
 """What a run does: the tasks, registered like every other component (``task = "train"`` ...).
 
-:func:`validate` checks the settings every task has and builds the run's task, which reads
+:func:`make_task` checks the settings every task has and builds the run's task, which reads
 and checks its own settings once (training's top-level keys, or its section ``[prism]``,
 ``[labelshift]``), names its default results file, prints one banner line, and prepares a
 :class:`fedring.job.Driver` on every rank; the driver's ``run(watchdog)`` writes the results
@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 
 from mpi4py import MPI
 
-from . import plugins
-from . import validate as check
+from . import plugins, tracking, validate
 from .config import DEFAULTS, FIELDS, GENERAL, Config
 from .errors import ConfigError
 from .registry import Registry
@@ -59,7 +58,7 @@ class Task:
         raise NotImplementedError
 
 
-def validate(cfg: Config, world_size: int) -> Task:
+def make_task(cfg: Config, world_size: int) -> Task:
     """Check every setting for ``world_size`` ranks; fills derived defaults (``clients``, ``out``); the run's task.
 
     The user's plugins are imported first (:mod:`fedring.plugins`), so that their components are known.
@@ -68,8 +67,9 @@ def validate(cfg: Config, world_size: int) -> Task:
         cfg.plugins = plugins.stored(cfg.out)  # the modules the run was started with
     plugins.load_entry_points()
     plugins.load(cfg.plugins)
-    check.integer("seed", cfg.seed, lo=0)
-    check.real("stop_grace", cfg.stop_grace, lo=0, lo_open=True)
+    validate.integer("seed", cfg.seed, lo=0)
+    validate.real("stop_grace", cfg.stop_grace, lo=0, lo_open=True)
+    tracking.check(cfg)
     if cfg.task != "train":
         for key in FIELDS:
             if key not in GENERAL and getattr(cfg, key) != getattr(DEFAULTS, key):

@@ -314,8 +314,8 @@ def test_preaggregators():
 
 def test_pipeline_composition_and_selected_mapping():
     np.testing.assert_array_equal(make_aggregator("mean", 1, {}, pre=["nnm"])(BYZFL), [3.5, 4.5, 5.5])
-    a = make_aggregator("krum", 0, {"variant": "byzfl", "bucketing": {"s": 2}}, pre=["clipping", "bucketing"])
-    assert a.name == "clipping+bucketing+krum" and a.needs_rng
+    a = make_aggregator("krum", 0, {"variant": "byzfl"}, ["clipping", "bucketing"], {"bucketing": {"s": 2}})
+    assert a.name == "clipping+bucketing+krum"
     res = a.aggregate(FEDLIB, rng=np.random.default_rng(1))
     assert res.selected.shape == (4,) and res.selected.sum() == 2  # the chosen bucket's two clients
     assert a.check(4) is None
@@ -348,11 +348,11 @@ def test_config_errors_name_the_setting():
     with pytest.raises(ConfigError, match="pre_aggregators: unknown pre-aggregator 'nmm'; did you mean 'nnm'"):
         make_aggregator("mean", 1, {}, pre=["nmm"])
     with pytest.raises(ConfigError, match=r"bucketing\.s: must be >= 1"):
-        make_aggregator("mean", 1, {"bucketing": {"s": 0}}, pre=["bucketing"])
+        make_aggregator("mean", 1, {}, ["bucketing"], {"bucketing": {"s": 0}})
     with pytest.raises(ConfigError, match=r"hplus\.base: 'hplus' is not allowed"):
         make_aggregator("hplus", 1, {"base": "hplus"})
     with pytest.raises(ConfigError, match=r"krum\.variant"):
-        make_aggregator("hplus", 1, {"base": "krum", "krum": {"variant": "nope"}})
+        make_aggregator("hplus", 1, {"base": "krum"}, sections={"krum": {"variant": "nope"}})
     with pytest.raises(ConfigError, match=r"^f: must be >= 0"):
         make_aggregator("median", -1, {})
     with pytest.raises(ConfigError, match=r"geomed\.iters: must be an integer"):
@@ -527,9 +527,13 @@ def test_three_rounds_like_the_training_loop(name):
         )
         w = w - 0.1 * res.vector
         assert {k: (v.shape, v.dtype) for k, v in state.items()} == shapes
-    # every rule but two makes progress despite the attackers: cclip's default radius 100 exceeds
-    # these distances (it is the mean here) and FL-Detector averages everyone until it has a window
+    # every rule but four makes progress despite the attackers: cclip's default radius 100 exceeds
+    # these distances (it is the mean here) and FL-Detector averages everyone until it has a window;
+    # CRFL clips the mean (uphill here), not the uploads, and SimpleClustering's DBSCAN radius 0.05
+    # is below the honest clients' spread (about 0.1), so every client is noise and nothing moves
     if name in ("cclip", "fldetector"):
         assert np.linalg.norm(w - target) > loss0
+    elif name in ("crfl", "simpleclustering"):
+        assert np.linalg.norm(w - target) >= loss0
     else:
         assert np.linalg.norm(w - target) < 0.95 * loss0

@@ -202,8 +202,8 @@ def test_hplus_segments():
 
 
 def test_hplus_with_stateful_base():
-    a = make_aggregator("hplus", 1, {"base": "cclip", "cclip": {"tau": 1.0}})
-    assert a.stateful and a.base_rule.tau == 1.0
+    a = make_aggregator("hplus", 1, {"base": "cclip"}, sections={"cclip": {"tau": 1.0}})
+    assert a.base_rule.tau == 1.0
     st = a.init_state(4, 2)
     a.aggregate(HX, state=st, rng=np.random.default_rng(0))
     assert np.any(st["center"] != 0)

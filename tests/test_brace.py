@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 from conftest import run_mpi
 
-from fedring.comm import Layout, Network
+from fedring.comm import Layout, Network, block_bounds
 from fedring.comm.brace import SignVote, count_dtype, paper_bytes
-from fedring.comm.ring import chunk_bounds
 from fedring.errors import ConfigError
 
 CLIENTS = [2, 3, 5, 8, 100]
@@ -48,7 +47,7 @@ def expected(rule: str, params: dict, G: np.ndarray) -> np.ndarray:
 
 
 def run(rule, n, G, params=None, **kw):
-    """One round of ``rule``: (the update, the rule, the network, the round's :class:`RingResult`)."""
+    """One round of ``rule``: (the update, the rule, the network, the round's :class:`~fedring.comm.ring.Aggregation`)."""
     vote = SignVote(rule, n, params or {}, **kw)
     net = Network(Layout(n))
     res = vote.aggregate(net, G.copy())
@@ -57,7 +56,7 @@ def run(rule, n, G, params=None, **kw):
 
 def expected_bytes(n: int, d: int, planes: int, itemsize: int) -> np.ndarray:
     """Client i sends every count chunk but (i+1) and every packed chunk but (i+2) (docs/brace.md)."""
-    sizes = np.diff(chunk_bounds(d, n))
+    sizes = np.diff(block_bounds(d, n))
     packed = planes * (-(-sizes // 8))
     i = np.arange(n)
     return (itemsize * (d - sizes[(i + 1) % n]) + packed.sum() - packed[(i + 2) % n]) * (n > 1)
@@ -201,7 +200,7 @@ def test_bytes_beat_float32_ring_and_paper_formula():
     assert ring / sent.max() >= 7.0
     assert paper_bytes(n, d) / sent.max() >= 3.6
     assert res.figures["paper_formula_bytes"] == pytest.approx(4_572_493.2 / 8)
-    assert sent.sum() == d * (n - 1) + sum(-(-np.diff(chunk_bounds(d, n)) // 8)) * (n - 1)
+    assert sent.sum() == d * (n - 1) + sum(-(-np.diff(block_bounds(d, n)) // 8)) * (n - 1)
 
 
 def test_count_dtype():
@@ -279,7 +278,7 @@ def test_check_flags_every_tampered_hop(sign_zero, bias):
     np.testing.assert_array_equal(detections, expect)
     m = res.figures
     assert m["relay_tampered_hops"] == m["integrity_detections"] == 4 * (n - 1)
-    sizes = np.diff(chunk_bounds(d, n))
+    sizes = np.diff(block_bounds(d, n))
     assert m["integrity_flagged_counts"] == sum(d - sizes[(i + 1) % n] for i in relays)
 
 
@@ -392,7 +391,7 @@ def test_attacks_without_relays_are_honest():
 def test_set_byzantine_replaces_relay_clients():
     vote = SignVote("brace", 8, {"relay_attack": "flip", "relay_clients": [1]})
     vote.set_byzantine(np.array([3, 5]))
-    assert np.flatnonzero(vote.byzantine).tolist() == [3, 5]
+    assert np.flatnonzero(vote.is_byzantine).tolist() == [3, 5]
     assert vote.gap[3] == 6 and vote.gap[5] == 2
 
 

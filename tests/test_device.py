@@ -115,13 +115,13 @@ def test_device_path_uploads_are_the_host_paths_bit_for_bit(settings):
     """Three rounds on the CPU: every upload, the weights and the momentum rows are equal bit for bit;
     the device path's rows are tensors on the trainer's device."""
     host, device = trainer(**settings), trainer(host_path=False, **settings)
-    assert host.stage.on_host and not device.stage.on_host
+    assert host.clients.stage.on_host and not device.clients.stage.on_host
     for a, b in zip(uploads(host, 3), uploads(device, 3), strict=True):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
-    assert np.array_equal(host.w.view(np.uint32), device.w.view(np.uint32))
-    rows = device.client_state["m"]
+    assert np.array_equal(host.replica.w.view(np.uint32), device.replica.w.view(np.uint32))
+    rows = device.clients.state["m"]
     assert isinstance(rows, torch.Tensor) and rows.device == device.device
-    assert np.array_equal(host.client_state["m"].view(np.uint32), rows.numpy().view(np.uint32))
+    assert np.array_equal(host.clients.state["m"].view(np.uint32), rows.numpy().view(np.uint32))
 
 
 @pytest.mark.parametrize("local_steps", [1, 3])
@@ -149,22 +149,22 @@ def test_device_rows_checkpoint_and_resume(tmp_path):
     for t in range(2):
         train_round(whole, t), train_round(first, t)
     results = ResultsFile(settings["out"], {})
-    results.write_checkpoint(first.checkpoint_arrays(), {})
+    results.write_checkpoint(first.checkpoint(), {})
     results.h5.close()
     with h5py.File(settings["out"]) as f:
         stored = f["checkpoint/a/client_m"][()]
         found = read_checkpoint(f, PER_RANK)
     assert found is not None
-    assert np.array_equal(stored, first.client_state["m"].numpy())
+    assert np.array_equal(stored, first.clients.state["m"].numpy())
     resumed = trainer(host_path=False, **settings)
     resumed.restore(found[0])
-    rows = resumed.client_state["m"]
+    rows = resumed.clients.state["m"]
     assert isinstance(rows, torch.Tensor) and rows.device == resumed.device
     assert np.array_equal(rows.numpy(), stored)
     for t in range(2, 4):
         train_round(whole, t), train_round(resumed, t)
-    assert np.array_equal(whole.w.view(np.uint32), resumed.w.view(np.uint32))
-    assert torch.equal(whole.client_state["m"], resumed.client_state["m"])
+    assert np.array_equal(whole.replica.w.view(np.uint32), resumed.replica.w.view(np.uint32))
+    assert torch.equal(whole.clients.state["m"], resumed.clients.state["m"])
 
 
 def test_bench_train_times_the_same_steps_as_the_bare_loop(fedring_cli, tmp_path):
@@ -195,6 +195,29 @@ def test_bench_train_times_the_same_steps_as_the_bare_loop(fedring_cli, tmp_path
     assert record["client_steps_per_second"]["fedring"] == 3 / seconds["fedring"]
     assert record["speedup_batched"] == seconds["fedring"] / seconds["fedring-batched"]
     assert f"over the per-client loop: {record['speedup_batched']:.2f}" in result.stdout
+    # the bare batched loop (vmap over the clients, summed on the device) takes the bare loop's steps
+    assert record["max_weight_difference_bare_batched"] < 1e-6
+    assert record["ratio_batched"] == seconds["fedring-batched"] / seconds["bare-batched"]
+    assert f"ratio fedring-batched/bare-batched: {record['ratio_batched']:.2f}" in result.stdout
+
+
+def test_bench_train_times_a_server_rule_under_attack(fedring_cli, tmp_path):
+    """``--topology``, ``--aggregator``, ``--attack``: fedring's round is the run's (a median under a sign
+    flip), the bare loop still averages, and the models differ by the rule (the line says so)."""
+    out = tmp_path / "bench.json"
+    args = ["--clients", "4", "--rounds", "1", "--dataset", "synthetic", "--model", "mlp", "--json", out]
+    server = ["--topology", "server", "--aggregator", "median", "--attack", "signflip", "--byzantine", "1"]
+    result = fedring_cli("bench", "train", *args, *server)
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert (record["topology"], record["aggregator"], record["attack"], record["byzantine"]) == (
+        "server",
+        "median",
+        "signflip",
+        1,
+    )
+    assert record["max_weight_difference"] > 1e-3
+    assert "(fedring's rule is median, the bare loops average)" in result.stdout
 
 
 def test_bench_train_nondeterministic_times_every_loop_without_deterministic_algorithms(

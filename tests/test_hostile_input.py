@@ -184,12 +184,9 @@ def test_a_byte_order_mark_and_an_empty_file_are_read_as_usual(tmp_path):
 
 
 def test_a_top_level_key_after_a_section_gets_a_hint(tmp_path):
-    from fedring.aggregators import AGGREGATORS
-
     path = write(tmp_path / "s.toml", b'seed = 1\n[krum]\nvariant = "paper"\nrounds = 3\n')
-    cfg = build_config(["--config", path, "--dataset", "synthetic", "--topology", "server", "--aggregator", "krum"], 2)
-    with pytest.raises(ConfigError) as e:  # the rule's parameters are checked where the job builds it
-        AGGREGATORS.build("krum", cfg.section("krum"), key="krum", n=8, f=0)
+    with pytest.raises(ConfigError) as e:  # validation builds the rule, the instance the run uses
+        build_config(["--config", path, "--dataset", "synthetic", "--topology", "server", "--aggregator", "krum"], 2)
     assert str(e.value) == (
         "krum.rounds: unknown parameter of aggregator krum; rounds is a top-level setting: in a TOML "
         "file, put it above the first [section] (TOML reads every key after [krum] into that "

@@ -2,9 +2,10 @@
 
 The graph is built from the source with ``ast``: an edge ``a -> b`` for every ``import`` or
 ``from ... import`` in module ``a`` (at any depth: in functions, methods, ``try`` blocks) that
-names fedring module ``b``, or a name defined in package ``b``; imports under
-``if TYPE_CHECKING:`` are left out (they never run). ``importlib.import_module`` by a string
-(the task and subcommand registries) is not an import statement and is not counted.
+names fedring module ``b``, or a name defined in package ``b``. Imports under
+``if TYPE_CHECKING:`` count too: they never run, but a circle hidden behind one is still two
+modules that each need the other. ``importlib.import_module`` by a string (the task and
+subcommand registries) is not an import statement and is not counted.
 """
 
 from __future__ import annotations
@@ -25,14 +26,6 @@ def modules() -> dict[str, tuple[Path, bool]]:
     return out
 
 
-def _type_checking(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (
-        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-    )
-
-
 def imports(name: str, path: Path, package: bool, known: dict) -> set[str]:
     """The fedring modules that module ``name`` imports."""
     here = name if package else name.rsplit(".", 1)[0]
@@ -44,15 +37,7 @@ def imports(name: str, path: Path, package: bool, known: dict) -> set[str]:
         if dotted and dotted != name:
             found.add(dotted)
 
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if _type_checking(child):
-                for stmt in child.orelse:
-                    visit_one(stmt)
-                continue
-            visit_one(child)
-
-    def visit_one(node: ast.AST) -> None:
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == "fedring":
@@ -66,9 +51,6 @@ def imports(name: str, path: Path, package: bool, known: dict) -> set[str]:
             if module.split(".")[0] == "fedring":
                 for alias in node.names:
                     target(f"{module}.{alias.name}")
-        visit(node)
-
-    visit(ast.parse(path.read_text(), str(path)))
     return found
 
 
@@ -100,7 +82,7 @@ def cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_graph_sees_imports_in_functions_and_skips_type_checking(tmp_path):
+def test_the_graph_sees_imports_in_functions_and_under_type_checking(tmp_path):
     pkg = tmp_path / "fedring"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -123,7 +105,7 @@ def test_the_graph_sees_imports_in_functions_and_skips_type_checking(tmp_path):
     assert edges == {
         "fedring": set(),
         "fedring.sub": {"fedring.sub.b"},
-        "fedring.a": {"fedring.sub"},
+        "fedring.a": {"fedring.sub", "fedring.sub.b"},
         "fedring.sub.b": {"fedring.a"},
     }
     assert cycle(edges) == ["fedring.a", "fedring.sub", "fedring.sub.b", "fedring.a"]

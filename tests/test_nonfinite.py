@@ -73,7 +73,7 @@ def test_absent_client_keeps_its_fldetector_state():
 
 
 def test_bucketing_in_front_of_a_per_client_state_rule_is_refused():
-    rule = make_aggregator("fldetector", 1, {"bucketing": {}}, pre=["bucketing"])
+    rule = make_aggregator("fldetector", 1, {}, ["bucketing"], {"bucketing": {}})
     assert "fldetector keeps state per client, and bucketing mixes the clients' rows" in rule.check(8)
 
 

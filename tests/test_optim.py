@@ -204,3 +204,54 @@ def test_validation_split_is_disjoint_and_deterministic():
     assert all(len(v) == 0 for v in none_val) and all(np.array_equal(a, b) for a, b in zip(none_train, parts))
     with pytest.raises(ConfigError, match="validation"):
         hold_out([np.arange(3)], 0.2, seed=0)
+
+
+#: Flower's FedAdam, FedYogi and FedAdagrad (adap/flower fdef7afb1dca3030553be302366cfd285ed6632c,
+#: framework/py/flwr/server/strategy/fed{adam,yogi,adagrad}.py, aggregate_fit's arithmetic run in float64
+#: outside the repository): the weights after each of 3 rounds from w = 0, eta 0.1, beta1 0.9, beta2 0.99,
+#: tau 1e-3, client lr 0.05 (Delta_t = -0.05 g_t)
+FLOWER = {
+    "adam": [
+        [-0.04454758730420808, 0.06363941043458296, -0.06749634440031525],
+        [-0.03272205226382651, 0.08832042107660715, -0.14086077954025678],
+        [-0.07756807839853597, 0.10857003868820259, -0.1947817261510349],
+    ],
+    "yogi": [
+        [-0.05999999999999997, 0.08571428571428566, -0.09090909090909084],
+        [-0.0414285714285714, 0.12438095238095229, -0.2058484122195628],
+        [-0.11907552272964593, 0.15918095238095226, -0.29850147344405253],
+    ],
+    "adagrad": [
+        [-0.009374999999999998, 0.00983606557377049, -0.009900990099009898],
+        [-0.006874999999999996, 0.014230004967709882, -0.02231196365089287],
+        [-0.015512602024349627, 0.018184550422255336, -0.032311963650892866],
+    ],
+}
+
+
+@pytest.mark.parametrize("name", FLOWER)
+def test_flower_variant_follows_flowers_strategies(name):
+    """``variant = "flower"`` with ``tau = tau_flower / lr_client`` gives Flower's weights, within float32
+    rounding (fedring's arithmetic is float32, the reference float64): v starts at 0 and FedAdam's
+    step is bias-corrected with exponent r + 1 (Flower's 1-based round r = t + 1)."""
+    params = {"variant": "flower", "tau": 1e-3 / 0.05, "beta1": 0.9, **({"beta2": 0.99} if name != "adagrad" else {})}
+    opt = make_server_optimizer(name, params)
+    state, w = opt.init(3), np.zeros(3, np.float32)
+    gs = [[0.3, -1.2, 2.0], [-0.4, 0.5, 1.0], [1.5, 0.0, -0.25]]
+    for t, (g, expected) in enumerate(zip(gs, FLOWER[name], strict=True)):
+        step, state = opt.update(state, np.array(g, np.float32), 0.1, t)
+        w = w - step
+        np.testing.assert_allclose(w, expected, rtol=2e-6, atol=1e-9)
+
+
+def test_dampened_client_momentum_is_byzfls():
+    """``dampening = true``: ``m = beta m + (1 - beta) u`` from m = 0, as ByzFL's client
+    (LPD-EPFL/byzfl 69bd1ac0, byzfl/fed_framework/client.py, compute_momentum) and the papers write it;
+    by hand for beta 0.9: 0.1 u1, then 0.09 u1 + 0.1 u2."""
+    opt = ClientOptimizer(momentum=0.9, dampening=True)
+    state = opt.init(1, 2)
+    u1, u2 = np.array([1.0, -2.0], np.float32), np.array([3.0, 0.5], np.float32)
+    np.testing.assert_allclose(opt.direction(state, 0, u1.copy()), [0.1, -0.2], rtol=1e-6)
+    np.testing.assert_allclose(opt.direction(state, 0, u2.copy()), [0.39, -0.13], rtol=1e-6)
+    with pytest.raises(ConfigError, match="dampening needs momentum > 0"):
+        ClientOptimizer(dampening=True)

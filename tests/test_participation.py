@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 from conftest import crash_at_round, fedring, fedring_many, run_mpi
 
-from fedring.comm import Layout, Network
-from fedring.comm.ring import RingAllReduce, chunk_bounds
+from fedring.comm import Layout, Network, block_bounds
+from fedring.comm.ring import RingAllReduce
 from fedring.errors import ConfigError
 from fedring.rng import Stream, generator
-from fedring.train.participation import Participation, check_settings, cohort_f, cohort_size, read_availability
+from fedring.train.participation import Participation, cohort_f, cohort_size, read_availability, validate_settings
 
 D_MLP = 79_510  # the mlp's parameters: the end-to-end runs train it (cheaper than the cnn)
 
 
 def ring_bytes(m: int, d: int, itemsize: int = 4) -> np.ndarray:
     """Per member of a ring of ``m``: the reduce-scatter and all-gather chunks it sends (test_ring.py)."""
-    sizes = np.diff(chunk_bounds(d, m))
+    sizes = np.diff(block_bounds(d, m))
     i = np.arange(m)
     return itemsize * ((d - sizes[(i + 1) % m]) + (d - sizes[(i + 2) % m])) * (m > 1)
 
@@ -123,7 +123,7 @@ def test_bad_availability_files(tmp_path, content, message):
 )
 def test_settings_are_checked(settings, message):
     with pytest.raises(ConfigError) as e:
-        check_settings(*settings, rounds=3, n_clients=9)
+        validate_settings(*settings, rounds=3, n_clients=9)
     assert str(e.value).startswith(message)
 
 
@@ -228,15 +228,15 @@ def test_members_train_the_others_keep_their_rows(topology):
 
     tr = trainer(topology=topology, momentum=0.9, participation=0.5, model="cnn_bn")
     for t in range(3):
-        before = tr.client_state["m"].copy()
+        before = tr.clients.state["m"].copy()
         result = train_round(tr, t)
         member = result.cohort.member
-        assert member.sum() == 3 and result.updated
-        np.testing.assert_array_equal(tr.client_state["m"][~member], before[~member])
-        assert (tr.client_state["m"][member] != before[member]).any(axis=1).all()
-        mean = tr.grads[member].mean(axis=0)
-        np.testing.assert_allclose(result.update, mean, rtol=0, atol=1e-6 * np.abs(mean).max())
-        np.testing.assert_array_equal(tr.buffers.shared, tr.buffers.rows[member].sum(axis=0) / 3)
+        assert member.sum() == 3 and result.aggregation.updated
+        np.testing.assert_array_equal(tr.clients.state["m"][~member], before[~member])
+        assert (tr.clients.state["m"][member] != before[member]).any(axis=1).all()
+        mean = tr.clients.rows[member].mean(axis=0)
+        np.testing.assert_allclose(result.aggregation.update, mean, rtol=0, atol=1e-6 * np.abs(mean).max())
+        np.testing.assert_array_equal(tr.replica.buffers.shared, tr.replica.buffers.rows[member].sum(axis=0) / 3)
 
 
 # ------------------------------------------------------------------------------ end-to-end runs

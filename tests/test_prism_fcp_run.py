@@ -110,7 +110,7 @@ def _reference_psofed(cfg, env, shared, seed, trial):
         total = np.zeros(D)
         for k in sorted(part):
             sent = wk[k].copy()
-            if env.byzantine[k] and byz.tau[n - 1, k]:
+            if env.is_byzantine[k] and byz.tau[n - 1, k]:
                 noise = byz.delta[byz.slot[k], n - 1]
                 if cfg.byz_persist == "full":
                     wk[k] = wk[k] + noise

@@ -31,7 +31,7 @@ RUN = [
 
 SETTINGS = {
     # the ring: client momentum with Nesterov, weight decay and clipping, FedAdam, shared BatchNorm statistics,
-    # McMahan's shards with a validation split, three local steps
+    # McMahan's shards with a validation split, three local steps, local DP (noise per client and round)
     "ring-adam": [
         "--local-steps",
         "3",
@@ -49,6 +49,29 @@ SETTINGS = {
         "server_optimizer=adam",
         "--set",
         "adam.lr=0.01",
+        "--set",
+        "validation=0.1",
+        "--set",
+        'dp="local"',
+        "--set",
+        "dp.clip=5",
+        "--set",
+        "dp.noise_multiplier=0.1",
+    ],
+    # DP-FedAvg on a server (central noise, keyed by the round) over cohorts of half the clients, FedAdam
+    "server-dp": [
+        "--topology",
+        "server",
+        "--set",
+        'dp="central"',
+        "--set",
+        "dp.noise_multiplier=0.5",
+        "--set",
+        "participation=0.5",
+        "--set",
+        "momentum=0.9",
+        "--set",
+        "server_optimizer=adam",
         "--set",
         "validation=0.1",
     ],

@@ -7,7 +7,7 @@ import pytest
 from conftest import fedring, run_mpi
 
 from fedring.comm import Layout, Network, block_bounds
-from fedring.comm.ring import chunk_bounds, ring_allreduce
+from fedring.comm.ring import ring_allreduce
 
 SIZES = [0, 1, 2, 17, 17**2, 17**3]
 CLIENTS = [1, 2, 3, 5, 8, 17]
@@ -15,7 +15,7 @@ CLIENTS = [1, 2, 3, 5, 8, 17]
 
 def expected_bytes(n: int, d: int, itemsize: int) -> np.ndarray:
     """Client i never sends chunk i+1 in reduce-scatter nor chunk i+2 in all-gather (docs/brace.md)."""
-    sizes = np.diff(chunk_bounds(d, n))
+    sizes = np.diff(block_bounds(d, n))
     i = np.arange(n)
     return itemsize * ((d - sizes[(i + 1) % n]) + (d - sizes[(i + 2) % n])) * (n > 1)
 
@@ -68,8 +68,8 @@ def test_block_bounds():
 
 RING_SCRIPT = """
 import sys, numpy as np
-from fedring.comm import Layout, Network
-from fedring.comm.ring import ring_allreduce, chunk_bounds
+from fedring.comm import Layout, Network, block_bounds
+from fedring.comm.ring import ring_allreduce
 n, d = int(sys.argv[1]), int(sys.argv[2])
 lay = Layout(n); net = Network(lay)
 X = np.random.default_rng([n, d]).integers(-1000, 1000, (n, d)).astype(np.int32)
@@ -100,8 +100,7 @@ def test_ring_over_mpi(tmp_path, ranks, n, d):
 HOPS_SCRIPT = """
 import numpy as np
 from mpi4py import MPI
-from fedring.comm import Layout, Network, all_gather, reduce_scatter
-from fedring.comm.ring import chunk_bounds
+from fedring.comm import Layout, Network, all_gather, block_bounds, reduce_scatter
 
 def idle(k, c):  # an ahead with no work: ring_step takes its hop-by-hop loop
     return ()
@@ -123,7 +122,7 @@ for n in [1, 2, 3, 4, 5, 6, 7, 13, 100]:
         irregular = np.concatenate([[0], np.sort(rng.integers(0, d + 1, n - 1)), [d]])
         floats = rng.standard_normal((n, d)).astype(np.float32)
         counts = rng.integers(-128, 128, (n, d), dtype=np.int8)  # sums wrap alike
-        for X, bounds in [(floats, chunk_bounds(d, n)), (floats, irregular), (counts, chunk_bounds(d, n))]:
+        for X, bounds in [(floats, block_bounds(d, n)), (floats, irregular), (counts, block_bounds(d, n))]:
             fast, slow = X[lay.lo : lay.hi].copy(), X[lay.lo : lay.hi].copy()
             fast_bytes, slow_bytes = ring(fast, n, bounds, True), ring(slow, n, bounds, False)
             assert fast.tobytes() == slow.tobytes(), (n, d, X.dtype, bounds)

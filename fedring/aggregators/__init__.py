@@ -6,10 +6,10 @@ maps the (n, d) matrix of client gradients (float32 or float64) to an ``Aggregat
 whose ``vector`` the loop applies as ``w <- w - lr * vector``. Rules register with
 ``@register`` (pre-aggregators ``@register_pre``); a new rule is one new module here.
 
-``make_aggregator(name, f, params, pre)``: ``params`` is the rule's settings section; a
-nested table in it is another component's section: a pre-aggregator's (``{"variant":
-"byzfl", "bucketing": {"s": 2}}`` with ``pre=["bucketing"]``) or H+'s base rule's
-(``{"base": "krum", "krum": {"variant": "byzfl"}}``).
+``make_aggregator(name, f, params, pre, sections)``: ``params`` is the rule's settings section,
+``sections`` the other components' by name: a pre-aggregator's (``{"bucketing": {"s": 2}}``
+with ``pre=["bucketing"]``) or H+'s base rule's (``params={"base": "krum"}``,
+``sections={"krum": {"variant": "byzfl"}}``).
 """
 
 from __future__ import annotations
@@ -47,8 +47,6 @@ class Pipeline(Aggregator):
         self.f = rule.f
         self.name = "+".join([p.name for p in self.pre] + [rule.name])
         self.needs_reference = rule.needs_reference
-        self.needs_rng = rule.needs_rng or any(p.needs_rng for p in self.pre)
-        self.stateful = rule.stateful
         self.selects = rule.selects
         self.client_state = rule.client_state
         self._rng = np.random.default_rng(0)
@@ -80,6 +78,9 @@ class Pipeline(Aggregator):
     def init_state(self, n, d):
         return self.rule.init_state(self._rows_after(n), d)
 
+    def reads(self):
+        return (*(p.name for p in self.pre), *self.rule.reads())
+
     def _aggregate(self, X, state, reference, rng):
         owners = np.arange(X.shape[0])
         for p in self.pre:
@@ -92,18 +93,20 @@ class Pipeline(Aggregator):
         return f"Pipeline({self.pre!r}, {self.rule!r})"
 
 
-def make_aggregator(name: str, f: int = 0, params: dict | None = None, pre=()) -> Aggregator:
-    """Build rule ``name`` for ``f`` declared Byzantine clients from its settings section ``params``.
+def make_aggregator(
+    name: str, f: int = 0, params: dict | None = None, pre=(), sections: dict[str, dict] | None = None
+) -> Aggregator:
+    """Build rule ``name`` for ``f`` declared Byzantine clients from its settings ``params``.
 
-    Pre-aggregators in ``pre`` run in order in front of the rule; their parameters are the
-    nested tables ``params[<pre name>]``, as are those of H+'s base rule. Unknown names or
-    parameters raise ``ConfigError`` naming the setting and listing what is allowed.
+    Pre-aggregators in ``pre`` run in order in front of the rule. The other components' settings
+    are in ``sections``, by component name (a run's settings sections): a pre-aggregator's
+    (``sections={"bucketing": {"s": 2}}``) or H+'s base rule's (``{"krum": {"variant": "byzfl"}}``).
+    Unknown names or parameters raise ``ConfigError`` naming the setting and listing what is allowed.
     """
     AGGREGATORS.get(name, "aggregator")
     for p in pre:
         PRE_AGGREGATORS.get(p, "pre_aggregators")
-    params = dict(params or {})
-    sections = {k: params.pop(k) for k in list(params) if isinstance(params[k], dict)}
+    sections = sections or {}
     stages = [PRE_AGGREGATORS.build(p, sections.get(p), key="pre_aggregators", f=f) for p in pre]
     rule = AGGREGATORS.build(name, params, f=f, sections=sections)
     return Pipeline(stages, rule) if stages else rule

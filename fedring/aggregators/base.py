@@ -56,9 +56,9 @@ class Aggregator:
     with its default) and implement ``_aggregate``. ``aggregate`` validates the input and
     calls ``check`` so a misconfigured rule fails before doing any work.
 
-    Randomised rules (``needs_rng = True``) draw only from the ``rng`` passed to
-    ``aggregate``; without one they use a private ``numpy.random.Generator`` seeded with 0
-    at construction, so a run is reproducible either way.
+    Randomised rules draw only from the ``rng`` passed to ``aggregate``; without one they
+    use a private ``numpy.random.Generator`` seeded with 0 at construction, so a run is
+    reproducible either way.
 
     Non-finite input (every rule, the same policy): a row holding NaN or an infinity was
     sent by a Byzantine client (an honest gradient is finite), so it is left out before the
@@ -75,8 +75,6 @@ class Aggregator:
     # class defaults that an instance may override (a Pipeline takes its rule's, a parameter may turn one on)
     name: str = ""
     needs_reference: bool = False
-    needs_rng: bool = False
-    stateful: bool = False
     #: the rule returns per-client ``selected`` weights
     selects: bool = False
     #: state arrays kept per client: name -> the axis that indexes clients
@@ -97,6 +95,11 @@ class Aggregator:
     def init_state(self, n: int, d: int) -> dict[str, np.ndarray]:
         """Explicit state of stateful rules (numpy arrays only, so a checkpoint can save it)."""
         return {}
+
+    def reads(self) -> tuple[str, ...]:
+        """The settings sections this rule reads: its own, and those of the components it builds
+        (H+'s base rule); a run refuses settings in any other section."""
+        return (self.name,)
 
     def with_f(self, f: int) -> Aggregator:
         """This rule told ``f`` declared Byzantine clients (a shallow copy; ``self`` if unchanged)."""
@@ -152,6 +155,8 @@ class Aggregator:
         """``rule`` (this rule, maybe told another ``f``) on ``rows``, the rows of the clients ``keep``
         (sorted ids) only: per-client state (``client_state``) of the other clients is left as it was.
         The non-finite policy and client sampling (``docs/training.md``) aggregate this way."""
+        if all(state[k].shape[axis] == len(keep) for k, axis in self.client_state.items()):
+            return rule.aggregate(rows, state=state, reference=reference, rng=rng)  # every client: no copies
         part = {**state, **{k: np.take(state[k], keep, axis=axis) for k, axis in self.client_state.items()}}
         result = rule.aggregate(rows, state=part, reference=reference, rng=rng)
         for key, value in part.items():
@@ -185,7 +190,6 @@ class PreAggregator:
     """
 
     name: ClassVar[str] = ""
-    needs_rng: ClassVar[bool] = False
     #: the output has one row per input row (so per-client state behind it stays aligned)
     keeps_rows: ClassVar[bool] = True
 

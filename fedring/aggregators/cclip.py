@@ -65,7 +65,6 @@ class CenteredClipping(Aggregator):
 
     name = "cclip"
     selects = True
-    stateful = True
 
     def __init__(
         self, f: int = 0, *, tau: float = 100.0, iters: int | None = None, bucketing: str = "none", bucket_size: int = 2
@@ -75,7 +74,6 @@ class CenteredClipping(Aggregator):
         self.bucketing = choice("cclip.bucketing", bucketing, ("none", "random", "sequential"))
         self.iters = (3 if bucketing == "none" else 1) if iters is None else integer("cclip.iters", iters, lo=1)
         self.bucket_size = integer("cclip.bucket_size", bucket_size, lo=1)
-        self.needs_rng = self.bucketing != "none"
 
     def init_state(self, n, d):
         return {"center": np.zeros(d)}

@@ -112,7 +112,6 @@ class FedSECA(Aggregator):
 
     name = "fedseca"
     selects = True
-    stateful = True
 
     def __init__(
         self,

@@ -170,8 +170,6 @@ class FLDetector(Aggregator):
     name = "fldetector"
     selects = True
     client_state: Mapping[str, int] = {"prev": 0, "scores": 1}
-    stateful = True
-    needs_rng = True
 
     def __init__(self, f: int = 0, *, window: int = 10, nrefs: int = 10, kmax: int = 24, gap: str = "tibshirani"):
         super().__init__(f)

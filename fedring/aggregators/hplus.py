@@ -63,7 +63,7 @@ class HPlus(Aggregator):
     base : str
         Rule giving the reference in base mode (``median``). Its parameters are its own
         settings section (``[krum]``), passed in ``sections`` (fedring does that):
-        ``make_aggregator("hplus", f, {"base": "krum", "krum": {"variant": "byzfl"}})``.
+        ``make_aggregator("hplus", f, {"base": "krum"}, sections={"krum": {"variant": "byzfl"}})``.
     mode : {"base", "clean"}
     K : int
         Repetitions (3).
@@ -84,7 +84,6 @@ class HPlus(Aggregator):
 
     name = "hplus"
     selects = True
-    needs_rng = True
 
     def __init__(
         self,
@@ -115,7 +114,6 @@ class HPlus(Aggregator):
             raise ConfigError(self.base, f"parameters of hplus's base rule must be a table, got {base_params!r}")
         self.base_rule = AGGREGATORS.build(self.base, base_params, f=f) if self.mode == "base" else None
         self.needs_reference = self.mode == "clean" or bool(self.base_rule and self.base_rule.needs_reference)
-        self.stateful = bool(self.base_rule and self.base_rule.stateful)
 
     def keep_count(self, n: int) -> int:
         return n - self.f if self.N is None else self.N
@@ -132,6 +130,9 @@ class HPlus(Aggregator):
 
     def init_state(self, n, d):
         return self.base_rule.init_state(n, d) if self.base_rule is not None else {}
+
+    def reads(self):
+        return (self.name, self.base) if self.base_rule is not None else (self.name,)
 
     def with_f(self, f):
         other = super().with_f(f)

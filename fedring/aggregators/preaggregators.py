@@ -29,7 +29,6 @@ class NNM(PreAggregator):
     """
 
     name = "nnm"
-    needs_rng = False
 
     def check(self, n):
         if n - self.f < 1:
@@ -59,7 +58,6 @@ class Bucketing(PreAggregator):
     """
 
     name = "bucketing"
-    needs_rng = True
     keeps_rows = False
 
     def __init__(self, f: int = 0, *, s: int = 2):
@@ -101,7 +99,6 @@ class Clipping(PreAggregator):
     """
 
     name = "clipping"
-    needs_rng = False
 
     def __init__(self, f: int = 0, *, c: float = 2.0):
         super().__init__(f)

@@ -31,20 +31,21 @@ ATTACKS.discover(__name__, __path__)  # an attack in a new module registers itse
 
 
 def make_attack(
-    name: str, params: dict[str, Any] | None = None, *, n_clients: int | None = None
+    name: str, params: dict[str, Any] | None = None, *, n_clients: int | None = None, n_classes: int | None = None
 ) -> ModelAttack | DataAttack | None:
     """Build attack ``name`` from its ``attack.*`` settings; ``"none"`` gives None.
 
-    ``n_clients`` (the run's number of clients) supplies defaults that depend on it: the
-    backdoor's gradient scale. Unknown names or settings raise :class:`ConfigError` naming the
-    key and what is allowed.
+    ``n_clients`` (the run's number of clients) and ``n_classes`` (its data set's classes) supply
+    defaults that depend on them: the backdoor's gradient scale, label flipping's number of
+    classes. Unknown names or settings raise :class:`ConfigError` naming the key and what is
+    allowed.
     """
     if name == "none":
         known_keys("attack", "attack none (no attack)", params or {}, ())
         return None
     if name not in ATTACKS:
         raise unknown("attack", "attack", name, ["none", *ATTACKS])
-    return ATTACKS.build(name, params, prefix="attack", n_clients=n_clients)
+    return ATTACKS.build(name, params, prefix="attack", n_clients=n_clients, n_classes=n_classes)
 
 
 __all__ = [

@@ -89,9 +89,13 @@ class ALIE(ModelAttack):
         self.jitter = real("attack.jitter", jitter, lo=0.0)
         self.knowledge = "omniscient" if stats == "honest" else "collusion"
 
-    def check(self, n: int, b: int, f: int | None = None) -> None:
+    def check(self, n: int, b: int, f: int | None = None) -> ConfigError | None:
         if self.z is None:
-            alie_z(n, b)
+            try:
+                alie_z(n, b)
+            except ConfigError as e:
+                return e
+        return None
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         rows = known(honest) if self.stats == "honest" else byz

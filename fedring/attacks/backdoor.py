@@ -59,6 +59,7 @@ class Backdoor(DataAttack):
     """
 
     name = "backdoor"
+    takes_text = False  # a pixel trigger; on tokens it would overwrite the last 4 characters with token 1
 
     def __init__(
         self,
@@ -93,6 +94,12 @@ class Backdoor(DataAttack):
                 f"(need images at least 4 x 4 or at least {TRIGGER_FEATURES} features)"
             )
         return out
+
+    def success_set(self, shape: tuple[int, ...]) -> np.ndarray | None:
+        """Samples of the attack's own on which the success rate is measured, in a run whose samples
+        have ``shape`` (EdgeCase's edge-case test set; it refuses a ``shape`` its samples do not
+        have); None (here): the test samples whose label is not ``target``, with the trigger."""
+        return None
 
     def poison(self, x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the batch with a random ``fraction`` of it triggered and relabelled."""

@@ -22,6 +22,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from fedring.errors import ConfigError
 from fedring.registry import Registry
 
 #: the attacks, by name (``--attack NAME``; parameters ``attack.*``)
@@ -78,7 +79,6 @@ class ModelAttack:
     """
 
     name: ClassVar[str]
-    kind: ClassVar[str] = "model"
     knowledge: str = "own"
     blockwise: ClassVar[bool] = False
 
@@ -114,19 +114,27 @@ class ModelAttack:
                 honest = honest.astype(np.float64, copy=False)
         else:
             honest = None
-        self.check(ctx.n, byz.shape[0], ctx.f)
+        self.require(ctx.n, byz.shape[0], ctx.f)
         out = self.craft(byz if self.blockwise else byz.astype(np.float64, copy=False), honest, ctx)
         if isinstance(out, np.ndarray) and out.dtype == byz.dtype and out.base is None and out is not byz:
             return out  # crafted into a fresh array of its own (:func:`by_columns`): no second copy
         return np.array(out, dtype=byz.dtype)  # a fresh writable (b, d) array, never a view
 
-    def check(self, n: int, b: int, f: int | None = None) -> None:
-        """Raise :class:`ConfigError` if the attack is undefined for n clients, b of them Byzantine,
-        f declared to the defence (default b).
+    def check(self, n: int, b: int, f: int | None = None) -> ConfigError | None:
+        """Why the attack is undefined for n clients, b of them Byzantine, f declared to the defence
+        (default b): the :class:`ConfigError` naming the setting to change (not raised), or None.
 
-        Called by :meth:`__call__`; the caller may call it once before training starts so a bad
-        setting fails before any work.
+        A :class:`ConfigError` rather than a bare reason (as :meth:`fedring.aggregators.Aggregator.check`
+        returns) since the reasons name different settings (``attack.variant``, ``attack.z`` ...).
         """
+        return None
+
+    def require(self, n: int, b: int, f: int | None = None) -> None:
+        """Raise :meth:`check`'s error, if any. Called by :meth:`__call__`; the caller may call it
+        once before training starts so a bad setting fails before any work."""
+        error = self.check(n, b, f)
+        if error is not None:
+            raise error
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         raise NotImplementedError
@@ -137,16 +145,34 @@ class DataAttack:
     """Base of the data-poisoning attacks: they change the Byzantine clients' batches.
 
     ``scale`` multiplies the gradient the client then computes (1 unless the attack replaces
-    the model, as the backdoor does).
+    the model, as the backdoor does). ``takes_text``: whether it applies to a text data set's
+    samples (int64 token sequences, ``Dataset.shape`` of one entry); a run refuses an attack that
+    does not before any work.
     """
 
     name: ClassVar[str]
-    kind: ClassVar[str] = "data"
     knowledge: ClassVar[str] = "own"
+    takes_text: ClassVar[bool] = True
     scale: float = 1.0
 
     def poison(self, x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
+
+    #: whether each Byzantine client keeps a row across rounds (the ``memory`` of :meth:`release`,
+    #: NaN until first written), checkpointed with the clients' optimizer rows so it survives --resume
+    remembers: ClassVar[bool] = False
+
+    def attacker(self, index: int) -> DataAttack:
+        """The attack as the ``index``-th Byzantine client (0, 1, ... in the order of client ids)
+        runs it: the attack itself, unless each attacker has a variant of its own (DBA)."""
+        return self
+
+    def release(
+        self, upload: np.ndarray, lr: float, w: np.ndarray | None = None, memory: np.ndarray | None = None
+    ) -> None:
+        """Change a Byzantine client's float32 upload in place before it is multiplied by ``scale``
+        (nothing by default). ``lr``: the round's learning rate; for an attack that ``remembers``,
+        ``w`` is the global model the client trained from (host float32) and ``memory`` its row."""
 
 
 def known(honest: np.ndarray | None) -> np.ndarray:

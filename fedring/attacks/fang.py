@@ -179,12 +179,13 @@ class FangKrum(ModelAttack):
         self.tol = real("attack.tol", tol, lo=0.0, lo_open=True)
         self.knowledge = "omniscient" if variant == "full" else "collusion"
 
-    def check(self, n: int, b: int, f: int | None = None) -> None:
+    def check(self, n: int, b: int, f: int | None = None) -> ConfigError | None:
         if self.variant == "partial" and b < 2:
-            raise ConfigError("attack.variant", "'partial' needs at least 2 Byzantine clients")
+            return ConfigError("attack.variant", "'partial' needs at least 2 Byzantine clients")
         f = b if f is None else f
         if self.variant == "full" and n <= 2 * f + 1:
-            raise ConfigError("attack.variant", f"'full' needs n > 2f + 1 clients for Fang's bound (n = {n}, f = {f})")
+            return ConfigError("attack.variant", f"'full' needs n > 2f + 1 clients for Fang's bound (n = {n}, f = {f})")
+        return None
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         b = byz.shape[0]

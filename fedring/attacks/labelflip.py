@@ -22,7 +22,8 @@ class LabelFlip(DataAttack):
 
     Parameters
     ----------
-    num_classes : int >= 2, default 10
+    num_classes : int >= 2 or None, default None
+        L; None: the data set's number of classes when the run supplies it (``n_classes``), else 10.
     mapping : list of int or None, default None
         ``mapping[l]`` is the new label of class l (length num_classes, values in range).
 
@@ -36,7 +37,11 @@ class LabelFlip(DataAttack):
 
     name = "labelflip"
 
-    def __init__(self, num_classes: int = 10, mapping: Sequence[int] | None = None):
+    def __init__(
+        self, num_classes: int | None = None, mapping: Sequence[int] | None = None, *, n_classes: int | None = None
+    ):
+        if num_classes is None:
+            num_classes = 10 if n_classes is None else n_classes
         self.num_classes = integer("attack.num_classes", num_classes, lo=2)
         if mapping is None:
             self.mapping = np.arange(self.num_classes)[::-1].copy()

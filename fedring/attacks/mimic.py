@@ -69,9 +69,10 @@ class Mimic(ModelAttack):
     def __init__(self, worker: int | None = None):
         self.worker = None if worker is None else integer("attack.worker", worker, lo=0)
 
-    def check(self, n: int, b: int, f: int | None = None) -> None:
+    def check(self, n: int, b: int, f: int | None = None) -> ConfigError | None:
         if self.worker is not None and self.worker >= n - b:
-            raise ConfigError("attack.worker", f"must be < the number of honest clients ({n - b}), got {self.worker}")
+            return ConfigError("attack.worker", f"must be < the number of honest clients ({n - b}), got {self.worker}")
+        return None
 
     def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
         honest = known(honest)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from mpi4py import MPI
+from torch.func import functional_call, grad, vmap
 
 from fedring.config import Config
 from fedring.datasets import DATASETS
@@ -60,9 +61,9 @@ class BareLoop:
         self.batches = [
             [
                 [
-                    (tr.stage.tensor(x), tr.stage.tensor(y))
-                    for x, y in tr.local_batches(
-                        tr.data.shards[k], generator(cfg.seed, Stream.BATCH, client=client, step=t)
+                    (tr.clients.stage.tensor(x), tr.clients.stage.tensor(y))
+                    for x, y in tr.clients.local_batches(
+                        tr.clients.shards[k], generator(cfg.seed, Stream.BATCH, client=client, step=t)
                     )
                 ]
                 for k, client in enumerate(tr.layout.local_clients)
@@ -78,6 +79,10 @@ class BareLoop:
                 self.model.zero_grad(set_to_none=False)
                 F.cross_entropy(self.model(x), y).backward()
                 torch._foreach_add_(self.sums, [p.grad for p in self.params if p.grad is not None])
+        self.apply()
+
+    def apply(self) -> None:
+        """``p -= lr * sum / K``, the sums reduced over the ranks first."""
         if self.comm.size > 1:
             flat = torch.nn.utils.parameters_to_vector(self.sums).cpu().numpy()
             self.comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
@@ -87,6 +92,41 @@ class BareLoop:
 
     def weights(self) -> np.ndarray:
         return flatten(self.model.cpu())
+
+
+class BareBatchedLoop(BareLoop):
+    """The bare loop with ``size`` clients per call, as ``batched_clients`` computes them: ``vmap`` over the
+    clients of the gradient at the shared weights, summed on the device (the reference for fedring's
+    batched round)."""
+
+    def __init__(self, tr: Trainer, rounds: int, size: int):
+        super().__init__(tr, rounds)
+        names = [name for name, _ in self.model.named_parameters()]
+
+        def loss(weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(functional_call(self.model, weights, (x,)), y)
+
+        self.gradients = vmap(grad(loss), in_dims=(None, 0, 0))
+        self.names = names
+        self.chunks = [
+            [
+                (
+                    torch.stack([c[0][0] for c in clients[a : a + size]]),
+                    torch.stack([c[0][1] for c in clients[a : a + size]]),
+                )
+                for a in range(0, len(clients), size)
+            ]
+            for clients in self.batches
+        ]
+
+    def round(self, t: int) -> None:
+        for s in self.sums:
+            s.zero_()
+        weights = {name: p.detach() for name, p in zip(self.names, self.params, strict=True)}
+        for x, y in self.chunks[t]:
+            grads = self.gradients(weights, x, y)
+            torch._foreach_add_(self.sums, [grads[name].sum(0) for name in self.names])
+        self.apply()
 
 
 def timed_round(fn: Callable[[int], object], device: torch.device) -> Callable[[], None]:
@@ -110,6 +150,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--topology", default="ring", help="ring or server (default ring)")
+    p.add_argument("--aggregator", default="mean", help="fedring's rule (default mean; the bare loops average)")
+    p.add_argument("--attack", default="none", help="an attack of the Byzantine clients (default none)")
+    p.add_argument("--byzantine", type=float, default=0, help="Byzantine clients: a fraction or a count (default 0)")
     p.add_argument(
         "--batched-clients", type=int, metavar="B", help="also time fedring with batched_clients = B (its speed-up)"
     )
@@ -130,6 +174,10 @@ def main(argv: list[str]) -> int:
         device=args.device,
         threads=args.threads,
         batch_size=args.batch_size,
+        topology=args.topology,
+        aggregator=args.aggregator,
+        attack=args.attack,
+        byzantine=args.byzantine,
         quiet=True,
     )
     TrainTask(cfg, comm.size)  # validates and fills the defaults, as a run does
@@ -140,6 +188,8 @@ def main(argv: list[str]) -> int:
     if args.batched_clients is not None:
         batched = Trainer(dataclasses.replace(cfg, batched_clients=args.batched_clients), comm)
         loops["fedring-batched"] = lambda t: train_round(batched, t)
+        bare_batched = BareBatchedLoop(tr, cfg.rounds, args.batched_clients)
+        loops["bare-batched"] = bare_batched.round
     if args.nondeterministic:  # undoes what fedring.train.device.select turned on (each Trainer calls it) for the GPU
         torch.use_deterministic_algorithms(False)
         torch.backends.cudnn.benchmark = True
@@ -147,7 +197,10 @@ def main(argv: list[str]) -> int:
     for _, run, _ in impls.values():
         run()  # untimed: first calls allocate and warm the caches
     seconds = {name: s for name, (s, _, _) in _time(impls, args.rounds, comm).items()}
-    gap = comm.allreduce(float(np.max(np.abs(tr.w - bare.weights()))), op=MPI.MAX)
+    gap = comm.allreduce(float(np.max(np.abs(tr.replica.w - bare.weights()))), op=MPI.MAX)
+    gap_batched = None
+    if args.batched_clients is not None:  # the two bare loops take the same steps
+        gap_batched = comm.allreduce(float(np.max(np.abs(bare.weights() - bare_batched.weights()))), op=MPI.MAX)
     if comm.rank != 0:
         return 0
     ratio = seconds["fedring"] / seconds["bare-loop"]
@@ -165,6 +218,10 @@ def main(argv: list[str]) -> int:
         "seconds_per_round": seconds,
         "rounds_per_second": {k: 1 / s for k, s in seconds.items()},
         "client_steps_per_second": {k: cfg.clients / s for k, s in seconds.items()},
+        "topology": cfg.topology,
+        "aggregator": cfg.aggregator,
+        "attack": cfg.attack,
+        "byzantine": cfg.byzantine,
         "ratio": ratio,
         "max_weight_difference": gap,
         "load_average_before": load_before[0],
@@ -178,14 +235,23 @@ def main(argv: list[str]) -> int:
     print(f"{'loop':<16}{'s/round':>10}{'rounds/s':>10}{'steps/s':>10}")
     for name, s in seconds.items():
         print(f"{name:<16}{s:>10.4f}{1 / s:>10.2f}{cfg.clients / s:>10.1f}")
-    print(f"final models differ by at most {gap:.2e} (the same steps; sums in another order)")
+    same = cfg.aggregator == "mean" and cfg.attack == "none"
+    why = (
+        "the same steps; sums in another order"
+        if same
+        else f"fedring's rule is {cfg.aggregator}, the bare loops average"
+    )
+    print(f"final models differ by at most {gap:.2e} ({why})")
     print(f"load average (1 min): {load_before[0]:.2f} before, {record['load_average_after']:.2f} after")
     if "fedring-batched" in seconds:
         record["batched_clients"] = args.batched_clients
         record["speedup_batched"] = seconds["fedring"] / seconds["fedring-batched"]
+        record["ratio_batched"] = seconds["fedring-batched"] / seconds["bare-batched"]
+        record["max_weight_difference_bare_batched"] = gap_batched
         print(
             f"speed-up batched ({args.batched_clients} clients a call) over the per-client loop: {record['speedup_batched']:.2f}"
         )
+        print(f"ratio fedring-batched/bare-batched: {record['ratio_batched']:.2f}")
     print(f"ratio fedring/bare-loop: {ratio:.2f}")
     if args.json:
         with open(args.json, "w") as f:

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 
 from mpi4py import MPI
 
-from fedring import validate as check
-from fedring.config import GENERAL, RUN_CONTROL, Config, config_differences, load_toml, merge, parse_value
+from fedring import validate
+from fedring.config import GENERAL, RUN_CONTROL, TRACKING, Config, config_differences, load_toml, merge, parse_value
 from fedring.errors import ConfigError
+from fedring.names import CHECKPOINT, METRICS
 from fedring.runtime import Watchdog, agree_on_config_error, world
-from fedring.tasks import Task, validate
+from fedring.tasks import Task, make_task
 
 from .launcher import launched_ranks
 
@@ -39,7 +40,7 @@ class ArgumentParser(argparse.ArgumentParser):
             for arg in message.split(":", 1)[1].split():
                 name = arg.split("=", 1)[0]
                 if name.startswith("--"):
-                    close = check.closest(name, [o for o in self._option_string_actions if o.startswith("--")])
+                    close = validate.closest(name, [o for o in self._option_string_actions if o.startswith("--")])
                     if close:
                         raise ConfigError(
                             "arguments", f"unknown option {name}; did you mean {close}? (see {self.prog} --help)"
@@ -75,6 +76,12 @@ def general_options(p: argparse.ArgumentParser) -> None:
     add("--overwrite", action="store_const", const=True, help="replace an existing results file")
     add("--resume", action="store_const", const=True, help="continue the run stored in --out from its checkpoint")
     add("--quiet", action="store_const", const=True, help="no banner and no progress lines")
+    add(
+        "--log",
+        metavar="T,T",
+        help="rank 0 also logs every step's scalars to these experiment trackers: tensorboard, mlflow "
+        "(extras of the same names; docs/hdf5.md#experiment-trackers); --resume goes on with the file's",
+    )
 
 
 def run_parser() -> ArgumentParser:
@@ -133,7 +140,8 @@ def run_parser() -> ArgumentParser:
         dest="data_dir",
         metavar="DIR",
         help="the data set's files (Fashion-MNIST: default $FEDRING_DATA, else Debian's "
-        "/usr/share/datasets/fashion-mnist; CIFAR-10: the cifar-10-batches-py folder)",
+        "/usr/share/datasets/fashion-mnist; CIFAR-10: the cifar-10-batches-py folder; the others: "
+        "docs/datasets.md)",
     )
     add(
         "--model",
@@ -252,13 +260,14 @@ def build_task(
         merge(cfg, items, origin)
     if cfg.resume and not cfg.overwrite and cfg.out is not None and os.path.exists(cfg.out):
         cfg = resumed_config(cfg.out, layers)
-    return validate(cfg, world_size)
+    return make_task(cfg, world_size)
 
 
 def resumed_config(path: str, layers: list[tuple[dict, str]]) -> Config:
     """The settings stored in the results file ``path`` with ``layers`` applied over them; a
     result-changing setting given that differs from the stored one is an error naming it. The
-    run-control settings are not taken from the file: they are this command's own."""
+    run-control settings are not taken from the file: they are this command's own, but for the
+    experiment trackers' (``log`` ...), which are the file's unless given."""
     import h5py
 
     try:
@@ -270,8 +279,10 @@ def resumed_config(path: str, layers: list[tuple[dict, str]]) -> Config:
             f"{path} is not a readable fedring results file ({type(e).__name__}: {e}); "
             "it is left as it is: remove it, or start afresh with --overwrite",
         ) from None
-    # the run-control settings (--quiet, --checkpoint-every ...) steer this invocation, not the results
-    cfg = merge(Config(), {k: v for k, v in stored.items() if k != "sections" and k not in RUN_CONTROL}, path)
+    # the run-control settings (--quiet, --checkpoint-every ...) steer this invocation, not the results;
+    # the trackers' come along, so that a resumed run goes on logging to the run it logged to
+    kept = {k: v for k, v in stored.items() if k != "sections" and (k not in RUN_CONTROL or k in TRACKING)}
+    cfg = merge(Config(), kept, path)
     cfg.sections = {name: dict(values) for name, values in stored.get("sections", {}).items()}
     for items, origin in layers:
         merge(cfg, items, origin)
@@ -291,7 +302,7 @@ def resume_line(task: Task) -> str:
     import h5py
 
     with h5py.File(task.cfg.out, "r") as f:
-        root = f["checkpoint"]
+        root = f[CHECKPOINT]
         done = int(root[root.attrs["current"]].attrs["round"])
     total, unit = task.steps()
     return f"fedring: resuming {task.cfg.out} from {unit.removesuffix('s')} {done} of {total}"
@@ -399,7 +410,8 @@ def headline(overwrite: bool = False, quiet: bool = False) -> int:
         print(f"\ntest accuracy under the attack, mean of the last {HEADLINE_WINDOW} evaluations:")
         for name, out, _, meaning in HEADLINE:
             with h5py.File(out, "r") as f:
-                rounds, acc = f["metrics/round"][-HEADLINE_WINDOW:], f["metrics/test_accuracy"][-HEADLINE_WINDOW:]
+                metrics = f[METRICS]
+                rounds, acc = metrics["round"][-HEADLINE_WINDOW:], metrics["test_accuracy"][-HEADLINE_WINDOW:]
             print(f"  {name:<18} {np.mean(acc):.4f}  (rounds {rounds[0]}-{rounds[-1]})  {meaning}")
         print(
             "results: "

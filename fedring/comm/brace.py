@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from mpi4py import MPI
@@ -93,13 +94,12 @@ from fedring.errors import ConfigError
 from fedring.rng import Stream, generator
 from fedring.validate import choice, integer, known_keys, real
 
-from .network import Network
+from .network import Network, block_bounds
 from .ring import (
     RING_RULES,
-    RingResult,
+    Aggregation,
     RingRule,
     all_gather,
-    chunk_bounds,
     owned_chunk,
     reduce_scatter,
     rotation,
@@ -248,7 +248,7 @@ class SignRule(RingRule):
     ----------
     n_clients : int
     seed : int
-        Seeds the flip draws: relay ``i`` in round ``t`` (``round``, set by the caller) draws
+        Seeds the flip draws: relay ``i`` in round ``t`` (``aggregate``'s ``t``) draws
         from :func:`fedring.rng.generator` (stream ``RELAY_FLIP``, client ``i``, step ``t``).
     **params
         The config section named after the rule (keys are reported as ``<rule>.<key>``),
@@ -288,6 +288,10 @@ class SignRule(RingRule):
     own_keys: tuple[str, ...] = ()
     #: whether phase III has three values (two bit planes in Share-Only)
     three_valued = True
+    #: settings the Python API takes and a training run refuses, with why
+    run_refuses: ClassVar[dict[str, str]] = {
+        "relay_clients": "in a run the Byzantine clients are the relays: choose them with --byzantine and byzantine_select"
+    }
 
     def __init__(self, n_clients: int, *, seed: int = 0, **params):
         rule = self.name
@@ -331,8 +335,8 @@ class SignRule(RingRule):
             raise ConfigError(key, f"must be a list of client ids, got {clients!r}") from None
         if np.any((ids < 0) | (ids >= self.n_clients)) or len(np.unique(ids)) != len(ids):
             raise ConfigError(key, f"client ids must be distinct and in 0..{self.n_clients - 1}")
-        self.byzantine = np.zeros(self.n_clients, bool)
-        self.byzantine[ids] = True
+        self.is_byzantine = np.zeros(self.n_clients, bool)
+        self.is_byzantine[ids] = True
         # gap[i]: how far back the previous Byzantine client is (n when i is the only one).
         byz = np.sort(ids)
         self.gap = np.zeros(self.n_clients, np.int64)
@@ -374,7 +378,7 @@ class SignRule(RingRule):
 
     # ---------------------------------------------------------------- the round
 
-    def aggregate(self, net: Network, grads: np.ndarray) -> RingResult:
+    def aggregate(self, net: Network, grads: np.ndarray, t: int = 0) -> Aggregation:
         """One round over the ring: the ``(d,)`` aggregate, identical on every rank, and its figures.
 
         ``grads`` holds the ``(n_local, d)`` float32 rows of this rank's clients. The update is
@@ -387,12 +391,12 @@ class SignRule(RingRule):
         net.check_rows(grads, what="grads")
         n_local, d = grads.shape
         counted = RelayCounts(np.zeros(n, np.int64))
-        bounds = chunk_bounds(d, n)
+        bounds = block_bounds(d, n)
         packing = Packing(bounds, self.bits)
-        local_byz = [i for i in lay.local_clients if self.byzantine[i]]
+        local_byz = [i for i in lay.local_clients if self.is_byzantine[i]]
 
         counts = self._scratch("counts", grads.shape, self.dtype)
-        if self.check or (self.relay_attack == "bias" and self.byzantine.any()):
+        if self.check or (self.relay_attack == "bias" and self.is_byzantine.any()):
             quantize(grads, self.sign_zero, self.dtype, out=counts)  # phase I
             self._share_reduce_guarded(net, counts, bounds, local_byz, counted)  # phase II
         else:  # phase I chunk by chunk, each while the partial counts into it travel (phase II)
@@ -418,9 +422,9 @@ class SignRule(RingRule):
         # Into grads[0] (consumed by now): a fresh d-vector would cost a page fault per 4 KiB.
         reuse = grads.dtype == np.float32 and grads[0].flags.c_contiguous and grads.flags.writeable
         update = grads[0] if reuse else np.empty(d, np.float32)
-        if self.relay_attack == "flip" and self.byzantine.any():
-            self._share_only_flipping(net, packed, packing, local_byz, counted)  # phase IV
-            honest = np.flatnonzero(~self.byzantine)
+        if self.relay_attack == "flip" and self.is_byzantine.any():
+            self._share_only_flipping(net, packed, packing, local_byz, counted, t)  # phase IV
+            honest = np.flatnonzero(~self.is_byzantine)
             observer = int(honest[0]) if len(honest) else 0
             root = lay.owner(observer)
             row = packed[observer - lay.lo] if lay.rank == root else np.empty(packed.shape[1], np.uint8)
@@ -436,13 +440,13 @@ class SignRule(RingRule):
                 piece()
         if self.check or self.relay_attack != "none":
             counted = counted.summed(net.comm)
-        return RingResult(update, self.figures(d, update, counted), self.per_client(counted))
+        return Aggregation(update, self.figures(d, update, counted), self.per_client(counted))
 
-    def idle(self, d: int) -> RingResult:
+    def idle(self, d: int) -> Aggregation:
         counted = RelayCounts(np.zeros(self.n_clients, np.int64))
         update = np.zeros(d, np.float32)
         figures = {k: np.nan if isinstance(v, float) else 0 for k, v in self.figures(d, update, counted).items()}
-        return RingResult(update, figures, self.per_client(counted))
+        return Aggregation(update, figures, self.per_client(counted), updated=False)
 
     def _scratch(self, name: str, shape: tuple, dtype) -> np.ndarray:
         """A work buffer kept across rounds (never handed out)."""
@@ -472,7 +476,7 @@ class SignRule(RingRule):
             for j in lay.local_clients:
                 c = (j - 1 - s) % n
                 got = counts[j - lay.lo, bounds[c] : bounds[c + 1]]
-                if self.check and not self.byzantine[j]:
+                if self.check and not self.is_byzantine[j]:
                     bad = (got > k) | (got < -k)
                     if self.sign_zero:
                         bad |= ((got ^ k) & 1).astype(bool)
@@ -484,12 +488,12 @@ class SignRule(RingRule):
                 got[...] = np.clip(got.astype(np.int64) + own[j - lay.lo, bounds[c] : bounds[c + 1]], -top, top)
 
     def _share_only_flipping(
-        self, net: Network, packed: np.ndarray, packing: Packing, local_byz, counted: RelayCounts
+        self, net: Network, packed: np.ndarray, packing: Packing, local_byz, counted: RelayCounts, t: int
     ) -> None:
-        """Phase IV with Byzantine relays flipping the signs they forward (the first on each path)."""
+        """Phase IV of round ``t`` with Byzantine relays flipping the signs they forward (the first on each path)."""
         lay, n = net.layout, net.n_clients
         b, pb = packing.bounds, packing.byte_bounds
-        rngs = {i: generator(self.seed, Stream.RELAY_FLIP, client=i, step=self.round) for i in local_byz}
+        rngs = {i: generator(self.seed, Stream.RELAY_FLIP, client=i, step=t) for i in local_byz}
         for s in range(n - 1):
             for i in local_byz:
                 # i forwards chunk c, owned by i - s; it is the first Byzantine relay on the
@@ -558,6 +562,11 @@ class Brace(SignRule):
     name = "brace"
     own_keys = ("lambda", "rule")
     params = own_keys + COMMON_KEYS
+
+    @property
+    def summary(self) -> str:
+        """What the run's banner adds to the rule's name: its consensus map."""
+        return f"{self.brace_rule} rule"
 
     @classmethod
     def cohort_params(cls, params: dict, m: int, n: int) -> dict:

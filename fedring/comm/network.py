@@ -239,13 +239,16 @@ class Network:
     def over(self, clients: np.ndarray) -> Network | None:
         """A network whose ``m`` clients are the sorted ids ``clients``: its client ``j`` is client
         ``clients[j]``, on the rank that hosts it, and its bytes are booked in this network's ledger.
-        Ranks that host none of them get None and take no part in its messages.
+        Ranks that host none of them get None and take no part in its messages; with every client
+        it is this network.
 
         Collective over every rank the first time a set of hosting ranks comes up (an MPI
         ``Comm.Split`` of this network's communicator, kept for later rounds; the
         :data:`MAX_SUBSETS` most recent sets are kept); every rank must call it with the same ``clients``.
         """
         lay = self.layout
+        if len(clients) == lay.n_clients:  # every client: this network itself (its ledger, timer, buffers)
+            return self
         counts = np.diff(np.searchsorted(clients, lay.bounds))
         ranks = tuple(int(r) for r in np.flatnonzero(counts))
         if len(ranks) == lay.size:

@@ -32,8 +32,6 @@ from .network import Network, add, block_bounds
 #: the rules that aggregate over the ring (``--topology ring --aggregator NAME``)
 RING_RULES = Registry("ring rule")
 
-chunk_bounds = block_bounds
-
 
 def rotation(shift: int, n: int) -> Callable[[int], int]:
     """``chunk_of`` for :meth:`Network.ring_step`: client ``i`` sends chunk ``(i + shift) mod n``
@@ -93,36 +91,42 @@ def ring_allreduce(net: Network, rows: np.ndarray) -> np.ndarray:
     [9, 3, 8]; every client ends with [22, 1, 5].
     """
     net.check_rows(rows)
-    bounds = chunk_bounds(rows.shape[1], net.n_clients)
+    bounds = block_bounds(rows.shape[1], net.n_clients)
     reduce_scatter(net, rows, bounds, check=False)
     all_gather(net, rows, bounds, check=False)
     return rows
 
 
 @dataclass(frozen=True)
-class RingResult:
-    """What a ring rule's round produced: the ``(d,)`` ``update`` every replica applies, its
-    scalar ``figures`` and per-client ``rows`` (written under ``/ring`` of the results file)."""
+class Aggregation:
+    """What a round's aggregation produced, on either topology (a ring rule's :meth:`RingRule.aggregate`,
+    and :mod:`fedring.train.topology`): the ``(d,)`` ``update`` every replica applies; the ring
+    rule's scalar ``figures`` and per-client ``rows`` (written under ``/ring`` of the results file;
+    empty on the server); the server rule's weight per client (``selected``, on rank 0; None on
+    the ring and for rules that report none); ``updated``: False when the round has no update (an
+    empty cohort, or one too small for the rule), so the model stays.
+    """
 
     update: np.ndarray
     figures: dict = field(default_factory=dict)
     rows: dict = field(default_factory=dict)
+    selected: np.ndarray | None = None
+    updated: bool = True
 
 
 @RING_RULES.base
 class RingRule:
-    """Base of the ring rules: ``rule.aggregate(net, grads)`` runs one round and returns its
-    :class:`RingResult`; ``rule(net, grads)`` returns just the update.
+    """Base of the ring rules: ``rule.aggregate(net, grads, t)`` runs round ``t`` and returns its
+    :class:`Aggregation`; ``rule(net, grads, t)`` returns just the update.
 
     ``grads`` holds the ``(n_local, d)`` rows of this rank's clients (their gradients after
-    any attack). ``round`` is set by the caller before each call (rules that draw per round
-    key their draws by it); ``centralized`` computes the same update from all ``(n, d)`` rows
-    at once (what aggregator-aware attacks optimise against).
+    any attack); rules that draw per round key their draws by ``t``. ``centralized`` computes
+    the same update from all ``(n, d)`` rows at once (what aggregator-aware attacks optimise
+    against).
     """
 
     name = ""
     params: tuple[str, ...] = ()
-    round = 0
 
     @classmethod
     def cohort_params(cls, params: dict, m: int, n: int) -> dict:
@@ -134,17 +138,17 @@ class RingRule:
     def set_byzantine(self, clients) -> None:
         """The Byzantine clients, for rules whose relays can misbehave."""
 
-    def aggregate(self, net: Network, grads: np.ndarray) -> RingResult:
+    def aggregate(self, net: Network, grads: np.ndarray, t: int = 0) -> Aggregation:
         raise NotImplementedError
 
-    def idle(self, d: int) -> RingResult:
+    def idle(self, d: int) -> Aggregation:
         """What a round without clients (an empty cohort) reports: no update; the rule's figures as
         NaN (integers as 0) and its per-client rows as zeros, so that every ``/ring`` dataset keeps
         one row per round."""
-        return RingResult(np.zeros(d, np.float32))
+        return Aggregation(np.zeros(d, np.float32), updated=False)
 
-    def __call__(self, net: Network, grads: np.ndarray) -> np.ndarray:
-        return self.aggregate(net, grads).update
+    def __call__(self, net: Network, grads: np.ndarray, t: int = 0) -> np.ndarray:
+        return self.aggregate(net, grads, t).update
 
     def centralized(self, G: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -166,9 +170,9 @@ class RingAllReduce(RingRule):
     def __init__(self, n_clients: int):
         self.n_clients = n_clients
 
-    def aggregate(self, net: Network, grads: np.ndarray) -> RingResult:
+    def aggregate(self, net: Network, grads: np.ndarray, t: int = 0) -> Aggregation:
         ring_allreduce(net, grads)
-        return RingResult(grads[0] / np.float32(self.n_clients))
+        return Aggregation(grads[0] / np.float32(self.n_clients))
 
     def centralized(self, G: np.ndarray) -> np.ndarray:
         return G.mean(axis=0)

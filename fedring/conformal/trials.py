@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import h5py
@@ -34,7 +35,9 @@ from mpi4py import MPI
 
 from fedring.comm import Network
 from fedring.config import Config
-from fedring.job import Entry, Recorder
+from fedring.job import Recorder
+from fedring.names import BYTES_SENT, CALIBRATION, CALIBRATION_TRIAL, SERVER_BYTES_SENT
+from fedring.results import Entry
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance  # what dataclasses.asdict takes
@@ -84,7 +87,7 @@ class TrialJob:
 
     def begin(self, recorder: Recorder) -> None:
         recorder.attrs(
-            "calibration",
+            CALIBRATION,
             {
                 "cases": json.dumps(self.cases),
                 "size_kind": self.size_kind,
@@ -104,34 +107,39 @@ class TrialJob:
         self.net.ledger.reset()
         rows = self.run_batch(batch)
         client_bytes, server_bytes = self.net.gather_ledger()
-        recorder.record(self.entries, batch, rows, client_bytes, server_bytes)
+        recorder.record(self.entries(batch, rows, client_bytes, server_bytes))
         return batch[-1] + 1
 
-    def entries(self, batch: list[int], rows: list[dict], client_bytes: np.ndarray, server_bytes: int) -> list[Entry]:
-        """Rank 0: one ``/calibration`` row per trial of ``batch``, the batch's bytes shared equally."""
-        return [
+    def entries(
+        self, batch: list[int], rows: list[dict] | None, client_bytes: np.ndarray | None, server_bytes: int
+    ) -> Iterator[Entry]:
+        """Rank 0 (a generator: it runs where the recorder reads it, so the rows and bytes gathered on
+        rank 0 alone are there): one ``/calibration`` row per trial of ``batch``, the batch's bytes
+        shared equally."""
+        assert rows is not None and client_bytes is not None, "rank 0 holds the gathered rows"
+        yield from (
             Entry(
                 t + 1,
                 {},
                 {
-                    "calibration/trial": np.int64(t),
-                    **{f"calibration/{k}": v for k, v in row.items()},
-                    "comm/bytes_sent": client_bytes // len(batch),
-                    "comm/server_bytes_sent": np.int64(server_bytes // len(batch)),
+                    CALIBRATION_TRIAL: np.int64(t),
+                    **{f"{CALIBRATION}/{k}": v for k, v in row.items()},
+                    BYTES_SENT: client_bytes // len(batch),
+                    SERVER_BYTES_SENT: np.int64(server_bytes // len(batch)),
                 },
                 self.describe(row),
             )
             for t, row in zip(batch, rows)
-        ]
+        )
 
     def finish(self, recorder: Recorder) -> None:
-        recorder.summarize("calibration", self.summary)
+        recorder.summarize(CALIBRATION, self.summary)
 
 
 def read_calibration(path) -> tuple[dict, dict[str, np.ndarray]]:
     """A conformal results file's ``/calibration``: (attrs with ``cases`` and ``settings`` decoded, rows)."""
     with h5py.File(path, "r") as f:
-        group = f["calibration"]
+        group = f[CALIBRATION]
         attrs = dict(group.attrs)
         for key in ("cases", "settings"):
             attrs[key] = json.loads(attrs[key])

@@ -21,12 +21,20 @@ class Dataset:
 
     Parameters come from the run: ``data_dir`` (``--data-dir``; each data set has its own
     default location). ``model`` is the model that fits its images by default;
-    ``train_samples`` is the size of its training set (a run has at most that many clients).
+    ``train_samples`` is the size of its training set (a run has at most that many clients;
+    None where it depends on how the files were made, as for LEAF's).
+
+    A text data set's samples are sequences, not images: ``shape`` is ``(length,)`` and
+    ``train_images``/``test_images`` return int64 token indices of shape ``(k, length)``
+    (``shakespeare``).
+
+    Optional: :meth:`train_users` and :meth:`test_users`, the user (writer, speaking role) of
+    each sample, for data sets that record one (LEAF's); the others return None.
     """
 
     name = ""
     train_samples: int | None = None
-    shape: tuple[int, int, int] = (1, 28, 28)
+    shape: tuple[int, ...] = (1, 28, 28)
     classes = 10
     model = "cnn"
 
@@ -45,6 +53,17 @@ class Dataset:
 
     def test_images(self, rows: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def train_users(self) -> np.ndarray | None:
+        """Optional: the user of each training sample as an int64 id, parallel to
+        :meth:`train_labels` (the same id is the same user in :meth:`test_users`), for a natural
+        partition that gives each client the samples of one user. None (the default): the data
+        set records no users."""
+        return None
+
+    def test_users(self) -> np.ndarray | None:
+        """Optional: the user of each test sample, parallel to :meth:`test_labels`; None by default."""
+        return None
 
 
 DATASETS.discover(__name__, __path__)

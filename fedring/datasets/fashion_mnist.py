@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import os
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import numpy as np
 from fedring.errors import ConfigError
 
 from . import DATASETS, Dataset
+from .idx import read_idx
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
 FILES = {
@@ -19,44 +19,6 @@ FILES = {
     "test_images": "t10k-images-idx3-ubyte.gz",
     "test_labels": "t10k-labels-idx1-ubyte.gz",
 }
-_IDX_DTYPES = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
-
-
-def _idx_header(f) -> tuple[np.dtype, tuple[int, ...]]:
-    magic = f.read(4)
-    if len(magic) != 4 or magic[0] != 0 or magic[1] != 0 or magic[2] not in _IDX_DTYPES:
-        raise ValueError("not an IDX file (bad magic number)")
-    ndim = magic[3]
-    shape = tuple(int.from_bytes(f.read(4), "big") for _ in range(ndim))
-    return np.dtype(_IDX_DTYPES[magic[2]]), shape
-
-
-def read_idx(path: str | Path, rows: np.ndarray | None = None, block: int = 4096) -> np.ndarray:
-    """Read an IDX file (optionally gzipped), keeping only ``rows`` (sorted indices) if given.
-
-    Streams the file block by block, so reading a few rows of a large file needs little memory.
-    """
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rb") as f:
-        dtype, shape = _idx_header(f)
-        row_shape, row_bytes = shape[1:], int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-        if rows is None:
-            data = np.frombuffer(f.read(shape[0] * row_bytes), dtype=dtype)
-            return data.reshape(shape).astype(dtype.newbyteorder("="))
-        rows = np.asarray(rows, dtype=np.int64)
-        out = np.empty((len(rows), *row_shape), dtype.newbyteorder("="))
-        done = 0
-        for start in range(0, shape[0], block):
-            stop = min(start + block, shape[0])
-            buf = f.read((stop - start) * row_bytes)
-            hi = int(np.searchsorted(rows, stop))
-            if hi > done:
-                part = np.frombuffer(buf, dtype=dtype).reshape(stop - start, *row_shape)
-                out[done:hi] = part[rows[done:hi] - start]
-                done = hi
-            if done == len(rows):
-                break
-        return out
 
 
 def fmnist_dir(data_dir: str | None) -> Path:

@@ -2,10 +2,9 @@
 
 The model is shared and only the weights and batches differ, so one step of B clients is
 ``vmap`` over clients of ``grad`` of the loss of ``functional_call(model, weights_b, x_b)``
-(:mod:`torch.func`). Each client keeps its own batches, data attack, local weights and
-optimizer rows: the per-step clipping, weight decay and momentum are
-:class:`fedring.train.optim.ClientOptimizer`'s, row by row, as in
-:meth:`fedring.train.trainer.Trainer.client_gradient`, which stays the reference.
+(:mod:`torch.func`): :class:`VmapGradients`, a source of gradients for the local steps of
+:mod:`fedring.train.clients`, which are the same for one client at a time. Each client keeps its
+own batches, data attack, local weights and optimizer rows.
 
 Chunks are aligned on client ids, not on a rank's block: chunk ``c`` is clients ``cB .. cB + B - 1``
 and client ``i`` sits in slot ``i mod B``. A rank that holds part of a chunk fills the other
@@ -23,8 +22,6 @@ training samples than ``batch_size`` (every slot's batch has the same size).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -33,12 +30,11 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedring.errors import ConfigError
-from fedring.rng import Stream, generator
 
-from .optim import Vector, f32
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
+from .data import Shard
+from .device import Staging
+from .gradients import Group
+from .optim import Vector
 
 
 def refusal(model: nn.Module, model_name: str) -> str | None:
@@ -52,28 +48,56 @@ def refusal(model: nn.Module, model_name: str) -> str | None:
     return None
 
 
-class BatchedClients:
-    """Collective (construction): a rank's clients, ``size`` at a time; :meth:`round` fills their uploads."""
+class VmapGradients:
+    """Collective (construction): ``size`` clients' gradients per call, in chunks aligned on client ids."""
 
-    def __init__(self, tr: Trainer, size: int):
-        self.tr, self.size = tr, size
-        why = refusal(tr.model, tr.cfg.model)
+    def __init__(
+        self, model: nn.Module, model_name: str, stage: Staging, size: int, shards: list[Shard], batch_size: int, comm
+    ):
+        why = refusal(model, model_name)
         if why is not None:
             raise ConfigError("batched_clients", why)
-        short = min((len(s.y) for s in tr.data.shards), default=tr.cfg.batch_size) < tr.cfg.batch_size
-        if tr.comm.allreduce(short, op=MPI.LOR):  # data-dependent: every rank refuses alike
+        short = min((len(s.y) for s in shards), default=batch_size) < batch_size
+        if comm.allreduce(short, op=MPI.LOR):  # data-dependent: every rank refuses alike
             raise ConfigError(
                 "batched_clients",
-                f"a client has fewer than batch_size ({tr.cfg.batch_size}) training samples: lower batch_size, "
+                f"a client has fewer than batch_size ({batch_size}) training samples: lower batch_size, "
                 "or use the per-client loop",
             )
-        self.names = [name for name, _ in tr.model.named_parameters()]
-        self.shapes = [p.shape for p in tr.model.parameters()]
+        self.stage, self.size = stage, size
+        self.names = [name for name, _ in model.named_parameters()]
+        self.shapes = [p.shape for p in model.parameters()]
 
         def loss(weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(functional_call(tr.model, weights, (x,)), y)
+            return F.cross_entropy(functional_call(model, weights, (x,)), y)
 
         self.step = vmap(grad_and_value(loss))
+
+    def groups(self, clients: range, taking: np.ndarray) -> list[Group]:
+        """The chunks of ``size`` client ids that hold a local client taking part (``taking``, per local
+        client); a client that sits out keeps its slot, filled like another rank's."""
+        lo, hi, B = clients.start, clients.stop, self.size
+        out = []
+        for first in range(lo - lo % B, hi, B):
+            held = [c for c in range(first, first + B) if lo <= c < hi and taking[c - lo]]
+            if held:
+                out.append(Group(first, B, held))
+        return out
+
+    def start(self, w: Vector, group: Group, steps: int, out: np.ndarray) -> tuple[Vector, Vector]:
+        w_local, g = self.stage.empty((group.size, w.shape[0])), self.stage.empty((group.size, w.shape[0]))
+        w_local[:] = w
+        return w_local, g
+
+    def gradients(self, step: int, w_local: Vector, batches: list, g: Vector) -> np.ndarray:
+        x = np.stack([b[0] for b in batches])
+        y = np.stack([b[1] for b in batches])
+        grads, losses = self.step(self.weights(w_local), self.stage.tensor(x), self.stage.tensor(y))
+        g[:] = torch.cat([grads[n].reshape(len(batches), -1) for n in self.names], dim=1)
+        return losses.cpu().numpy()
+
+    def end(self, w: Vector, group: Group, steps: int) -> None:
+        """Nothing to restore: the model's own parameters were never changed."""
 
     def weights(self, w_local: Vector) -> dict[str, torch.Tensor]:
         """``(B, d)`` flat weights as the model's parameters, each ``(B, *shape)``, on the device."""
@@ -84,54 +108,3 @@ class BatchedClients:
             out[name] = flat[:, k : k + m].reshape(len(w_local), *shape)
             k += m
         return out
-
-    def round(self, t: int, batch_loss: np.ndarray, taking: np.ndarray) -> None:
-        """Round ``t``: the upload of every local client that takes part (``taking``, per local client)
-        into ``tr.grads``, its first batch loss into ``batch_loss``. A chunk keeps its slots: a client
-        that sits out is a slot filled like another rank's."""
-        lay = self.tr.layout
-        for first in range(lay.lo - lay.lo % self.size, lay.hi, self.size):
-            held = [c for c in range(first, first + self.size) if lay.lo <= c < lay.hi and taking[c - lay.lo]]
-            if held:
-                self.chunk(t, first, held, batch_loss)
-
-    def chunk(self, t: int, first: int, held: list[int], batch_loss: np.ndarray) -> None:
-        tr, B = self.tr, self.size
-        lay, cfg = tr.layout, tr.cfg
-        lr = f32(tr.lr_at(t))
-        attack = tr.adversary.data_attack
-        draws = {}
-        for c in held:
-            k = c - lay.lo
-            rng = generator(cfg.seed, Stream.BATCH, client=c, step=t)
-            draws[c] = (tr.local_batches(tr.data.shards[k], rng), generator(cfg.seed, Stream.POISON, client=c, step=t))
-        steps = cfg.local_steps
-        w = tr.w_staged  # on the device path: device vectors and rows
-        w_local, g = tr.stage.empty((B, tr.d)), tr.stage.empty((B, tr.d))
-        w_local[:] = w
-        for step in range(steps):
-            batches = {}
-            for c in held:
-                x, y = next(draws[c][0])
-                if attack is not None and tr.adversary.poisons(c):
-                    x, y = attack.poison(x, y, draws[c][1])
-                batches[c] = (x, y)
-            slots = [batches.get(c, batches[held[0]]) for c in range(first, first + B)]
-            x = np.stack([s[0] for s in slots])
-            y = np.stack([s[1] for s in slots])
-            grads, losses = self.step(self.weights(w_local), tr.stage.tensor(x), tr.stage.tensor(y))
-            g[:] = torch.cat([grads[n].reshape(B, -1) for n in self.names], dim=1)
-            if step == 0:
-                first_loss = losses.cpu().numpy()
-            for c in held:
-                s = c - first
-                tr.client_opt.gradient(g[s], w_local[s])
-                if steps > 1:
-                    w_local[s] -= lr * g[s]
-        for c in held:
-            s, k = c - first, c - lay.lo
-            out = tr.grads[k]
-            u = tr.stage.output(out)
-            u[:] = (w - w_local[s]) / lr if steps > 1 else g[s]
-            tr.upload(k, u, out)
-            batch_loss[c] = float(first_loss[s])

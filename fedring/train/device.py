@@ -8,7 +8,7 @@ flattened mini-batch gradients, clipping and weight decay, the local SGD steps, 
 pseudo-gradient and the momentum, with the clients' optimizer rows (:mod:`fedring.train.optim`)
 kept there as tensors (:class:`Staging`'s device path). The flat float32 vectors the protocols
 move stay in host memory (the comm layer moves numpy buffers): each upload crosses once per
-client and round, the shared weights once per round (``Trainer.load_weights``), through a pinned host buffer. A checkpoint
+client and round, the shared weights once per round (:meth:`fedring.train.replica.Replica.load`), through a pinned host buffer. A checkpoint
 copies the rows to host memory and ``--resume`` back (:mod:`fedring.train.state`).
 
 On a GPU, :func:`select` turns on PyTorch's deterministic algorithms and sets
@@ -34,7 +34,7 @@ from .optim import Vector
 CUBLAS_WORKSPACE = ":4096:8"
 
 
-def check_visible(setting: str) -> None:
+def require_visible(setting: str) -> None:
     """``device = "cuda"`` needs a visible GPU; raised on every rank before any work."""
     if setting == "cuda" and not torch.cuda.is_available():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -46,7 +46,7 @@ def check_visible(setting: str) -> None:
 def select(setting: str, comm: MPI.Comm) -> torch.device:
     """Collective: this rank's device. On ``cuda``: GPU ``local rank % visible GPUs``, where the
     local rank is the rank among those on the same node (``MPI.COMM_TYPE_SHARED``)."""
-    check_visible(setting)
+    require_visible(setting)
     if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)

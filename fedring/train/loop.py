@@ -8,13 +8,17 @@ checkpoint (exit code 75).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from fedring import names
 from fedring.aggregators import nonfinite_rows
-from fedring.job import Entry, Recorder
+from fedring.comm.ring import Aggregation
+from fedring.job import Recorder
+from fedring.results import Entry
 
 from .participation import Cohort
 from .trainer import PER_RANK, Trainer
@@ -22,54 +26,41 @@ from .trainer import PER_RANK, Trainer
 
 @dataclass(frozen=True)
 class RoundResult:
-    """What one round produced, on every rank (``selected`` on rank 0 only).
+    """What one round produced, on every rank: the cohort's ``aggregation`` (its ``update`` is what
+    every replica applied, and may be a view of the clients' upload buffer until the next round);
+    ``batch_loss``: each of this rank's clients' first batch loss, in a ``(clients,)`` array with
+    zeros elsewhere; ``nonfinite``: which of this rank's uploads held NaN or an infinity (same
+    layout; measured, not sent); ``cohort``: who took part."""
 
-    ``update``: the ``(d,)`` aggregate every replica applied; ``batch_loss``: each of this
-    rank's clients' first batch loss, in a ``(clients,)`` array with zeros elsewhere;
-    ``nonfinite``: which of this rank's uploads held NaN or an infinity (same layout; measured,
-    not sent); ``update_finite``: whether the update was finite; ``selected``: the server
-    rule's weight per client (None on the ring and for rules that report none); ``figures``
-    and ``rows``: the ring rule's scalars and per-client rows (``/ring``).
-    """
-
-    update: np.ndarray
+    aggregation: Aggregation
     batch_loss: np.ndarray
     nonfinite: np.ndarray
-    update_finite: bool
-    selected: np.ndarray | None
-    figures: dict
-    rows: dict
-    #: the round's cohort (None: every client took part) and whether it had an update
-    cohort: Cohort | None = None
-    updated: bool = True
+    cohort: Cohort
+
+    @property
+    def update_finite(self) -> bool:
+        return bool(np.isfinite(self.aggregation.update).all())
 
 
 def train_round(tr: Trainer, t: int) -> RoundResult:
-    """Round ``t``: the cohort's clients compute updates, its Byzantine ones attack, the topology
-    aggregates, all apply. Without client sampling every client is in the cohort (``cohort`` None)."""
+    """Round ``t``: the cohort's clients compute their uploads, its Byzantine ones attack, the topology
+    aggregates, every replica applies. Full participation is the cohort of every client."""
     tr.net.ledger.reset()
-    cohort = tr.cohort(t)
     lay = tr.layout
-    taking = np.ones(lay.n_local, bool) if cohort is None else cohort.member[lay.lo : lay.hi]
-    batch_loss = np.zeros(tr.cfg.n_clients)
-    if tr.batched is not None:  # batched_clients: B clients per call (fedring.train.batched)
-        tr.batched.round(t, batch_loss, taking)
-    else:
-        for k, client in enumerate(lay.local_clients):
-            if taking[k]:
-                batch_loss[client] = tr.client_gradient(k, t, tr.grads[k])
-    reference = tr.reference_gradient()  # the server's clean-data gradient, for the rules that need one
-    tr.adversary.attack_model(tr.grads, t, reference, cohort)
+    cohort = tr.participation.draw(t, tr.adversary.is_byzantine, tr.f)
+    taking = cohort.member[lay.lo : lay.hi]
+    rows, batch_loss = tr.clients.updates(t, tr.replica.w_staged, taking)
+    rows = tr.privacy.release(rows, t, lay.lo, taking & ~tr.adversary.is_byzantine[lay.lo : lay.hi])  # local DP
+    reference = tr.reference()  # the server's clean-data gradient, for the rules that need one
+    rows = tr.adversary.attack(rows, t, reference, cohort)
     nonfinite = np.zeros(tr.cfg.n_clients, np.uint8)
-    nonfinite[lay.lo : lay.hi] = nonfinite_rows(tr.grads) & taking
+    nonfinite[lay.lo : lay.hi] = nonfinite_rows(rows) & taking
     with np.errstate(invalid="ignore", over="ignore"):  # non-finite uploads are recorded instead
-        agg = tr.topology.aggregate(tr.grads, t, reference, cohort)
-    update_finite = bool(np.isfinite(agg.update).all())
-    if agg.updated:
-        tr.apply(agg.update, t, cohort)
-    return RoundResult(
-        agg.update, batch_loss, nonfinite, update_finite, agg.selected, agg.figures, agg.rows, cohort, agg.updated
-    )
+        aggregation = tr.topology.aggregate(rows, t, reference, cohort)
+    aggregation = tr.privacy.noised(aggregation, t, cohort.size)  # central DP
+    if aggregation.updated:
+        tr.replica.apply(aggregation.update, t, cohort.member)
+    return RoundResult(aggregation, batch_loss, nonfinite, cohort)
 
 
 class TrainJob:
@@ -82,6 +73,8 @@ class TrainJob:
     def __init__(self, tr: Trainer):
         self.tr = tr
         self.total, self.checkpoint_every = tr.cfg.rounds, tr.cfg.checkpoint_every
+        self.sampled = not tr.participation.everyone  # the file records the cohorts of sampled runs only
+        self.sampling_rate = tr.participation.size / tr.cfg.n_clients  # q of the privacy accountant
         self.bytes_sent_total = 0  # rank 0's count (the ledgers are gathered there)
 
     def file_attrs(self) -> dict:
@@ -94,14 +87,14 @@ class TrainJob:
         }
 
     def begin(self, recorder: Recorder) -> None:
-        recorder.write("byzantine/clients", self.tr.byzantine)
+        recorder.write(names.BYZANTINE_CLIENTS, self.tr.byzantine)
 
     def restore(self, arrays: dict[str, np.ndarray], attrs: dict) -> None:
         self.tr.restore(arrays)
         self.bytes_sent_total = int(attrs.get("bytes_sent_total", 0))
 
     def checkpoint(self) -> tuple[dict[str, np.ndarray], dict]:
-        return self.tr.checkpoint_arrays(), {"bytes_sent_total": self.bytes_sent_total}
+        return self.tr.checkpoint(), {"bytes_sent_total": self.bytes_sent_total}
 
     def step(self, t: int, recorder: Recorder) -> int:
         """Round ``t``, its measurements gathered on rank 0 and, at an evaluation, the test scores."""
@@ -109,41 +102,49 @@ class TrainJob:
         result = train_round(tr, t)
         client_bytes, server_bytes = tr.net.gather_ledger()
         nonfinite = tr.net.sum_to_server(result.nonfinite)
-        evaluated = rnd % tr.cfg.eval_every == 0 or rnd == tr.cfg.rounds
-        scores = (
-            {**tr.evaluate(), "train_loss": tr.mean_batch_loss(result.batch_loss, result.cohort)} if evaluated else None
-        )
-        recorder.record(self.entries, t, result, client_bytes, server_bytes, nonfinite, scores, recorder.elapsed())
+        scores = None
+        if rnd % tr.cfg.eval_every == 0 or rnd == tr.cfg.rounds:
+            scores = {
+                **tr.evaluation.scores(),
+                "train_loss": tr.evaluation.mean_batch_loss(result.batch_loss, result.cohort),
+            }
+        recorder.record(self.entries(t, result, client_bytes, server_bytes, nonfinite, scores, recorder.elapsed()))
         return rnd
 
     def entries(
         self,
         t: int,
         result: RoundResult,
-        client_bytes: np.ndarray,
+        client_bytes: np.ndarray | None,
         server_bytes: int,
-        nonfinite: np.ndarray,
+        nonfinite: np.ndarray | None,
         scores: dict | None,
         elapsed: float,
-    ) -> list[Entry]:
-        """Rank 0: round ``t``'s rows, and its metrics when it was evaluated (``scores``)."""
-        tr, figures = self.tr, result.figures
+    ) -> Iterator[Entry]:
+        """Rank 0 (a generator: it runs where the recorder reads it, so the figures gathered on rank 0
+        alone are there): round ``t``'s rows, and its metrics when it was evaluated (``scores``)."""
+        assert client_bytes is not None and nonfinite is not None, "rank 0 holds the gathered figures"
+        agg = result.aggregation
         self.bytes_sent_total += int(client_bytes.sum())
         rows = {
-            **{f"ring/{name}": value for name, value in {**result.rows, **figures}.items()},
-            "comm/bytes_sent": client_bytes,
-            "comm/server_bytes_sent": np.int64(server_bytes),
-            "aggregation/nonfinite": nonfinite,
-            "aggregation/nonfinite_update": np.uint8(not result.update_finite),
+            **{f"{names.RING}/{name}": value for name, value in {**agg.rows, **agg.figures}.items()},
+            names.BYTES_SENT: client_bytes,
+            names.SERVER_BYTES_SENT: np.int64(server_bytes),
+            names.NONFINITE: nonfinite,
+            names.NONFINITE_UPDATE: np.uint8(not result.update_finite),
         }
-        if result.selected is not None:
-            rows["aggregation/selected"] = result.selected
-        if result.cohort is not None:
-            rows["participation/cohort"] = result.cohort.member.astype(np.uint8)
-            rows["participation/byzantine"] = np.int64(result.cohort.byzantine)
-            rows["participation/updated"] = np.uint8(result.updated)
+        if agg.selected is not None:
+            rows[names.SELECTED] = agg.selected
+        epsilon = self.tr.privacy.epsilon(t + 1, self.sampling_rate)
+        if epsilon is not None:
+            rows[names.DP_EPSILON] = np.float64(epsilon)
+        if self.sampled:
+            rows[names.COHORT] = result.cohort.member.astype(np.uint8)
+            rows[names.COHORT_BYZANTINE] = np.int64(result.cohort.byzantine)
+            rows[names.UPDATED] = np.uint8(agg.updated)
         if scores is None:
-            return [Entry(t + 1, {}, rows)]
+            yield Entry(t + 1, {}, rows)
+            return
         metrics = {
             "round": t + 1,
             **scores,
@@ -151,15 +152,16 @@ class TrainJob:
             "bytes_sent_total": self.bytes_sent_total,
             "server_bytes_sent": server_bytes,
             "wall_seconds": elapsed,
-            "lr": tr.lr_at(t),
-            "weight_mean_change": tr.weight_mean_change(),
-            **figures,
+            "lr": self.tr.lr_at(t),
+            "weight_mean_change": self.tr.replica.weight_mean_change(),
+            **agg.figures,
+            **({} if epsilon is None else {"dp_epsilon": epsilon}),
         }
         line = f"test_acc {scores['test_accuracy']:.4f}  bytes_sent_total {self.bytes_sent_total / 1e6:,.1f} MB"
-        return [Entry(t + 1, metrics, rows, line)]
+        yield Entry(t + 1, metrics, rows, line)
 
     def finish(self, recorder: Recorder) -> None:
-        buffers = self.tr.buffers.checkpoint()  # collective: BatchNorm statistics, shared or every client's
-        recorder.write("model/final", self.tr.w)
-        if buffers:
-            recorder.write("model/buffers", buffers["buffers"])
+        replica = self.tr.replica.checkpoint()  # collective: BatchNorm statistics, shared or every client's
+        recorder.write(names.MODEL_FINAL, replica["w"])
+        if "buffers" in replica:
+            recorder.write(names.MODEL_BUFFERS, replica["buffers"])

@@ -20,6 +20,7 @@ and once per round on the client's update direction ``u`` (the gradient with one
 pseudo-gradient ``(w - w_local) / lr`` with more)::
 
     m_i <- beta * m_i + u               momentum = beta        (heavy ball, m_i = 0 at round 0)
+    m_i <- beta * m_i + (1 - beta) * u  with dampening = true  (ByzFL's clients and the papers' form)
     upload m_i, or u + beta * m_i       nesterov = false / true
 
 The server side (:data:`SERVER_OPTIMIZERS`) on the robust aggregate ``g`` of round ``t``, with the
@@ -29,13 +30,14 @@ Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2, with ``
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedring.errors import ConfigError
 from fedring.registry import Registry
-from fedring.validate import real
+from fedring.validate import choice, real
 
 if TYPE_CHECKING:  # torch itself only where a tensor is made: a run's settings are checked without it
     import torch
@@ -108,17 +110,27 @@ class ClientOptimizer:
     [1.5, 1.0]
     >>> ClientOptimizer(momentum=0.5, nesterov=True).direction(m, 0, np.array([1, 0], np.float32)).tolist()  # m = [1.75, 0.5]; u + 0.5 m
     [1.875, 0.25]
+    >>> d = ClientOptimizer(momentum=0.5, dampening=True)   # m = beta m + (1 - beta) u (ByzFL, the papers)
+    >>> md = d.init(1, 2)
+    >>> d.direction(md, 0, np.array([1, 2], np.float32)).tolist(), d.direction(md, 0, np.array([1, 0], np.float32)).tolist()
+    ([0.5, 1.0], [0.75, 0.5])
     >>> ClientOptimizer(weight_decay=0.1).gradient(np.array([1, 1], np.float32), np.array([2, -4], np.float32)).tolist()
     [1.2000000476837158, 0.6000000238418579]
     """
 
     def __init__(
-        self, momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0, clip_norm: float | None = None
+        self,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+        clip_norm: float | None = None,
+        dampening: bool = False,
     ):
         self.momentum = real("momentum", momentum, lo=0, hi=1, hi_open=True)
-        self.nesterov = bool(nesterov)
-        if self.nesterov and self.momentum == 0:
-            raise ConfigError("nesterov", "Nesterov momentum needs momentum > 0 (e.g. --set momentum=0.9)")
+        self.nesterov, self.dampening = bool(nesterov), bool(dampening)
+        for key, on in (("nesterov", self.nesterov), ("dampening", self.dampening)):
+            if on and self.momentum == 0:
+                raise ConfigError(key, f"{key} needs momentum > 0 (e.g. --set momentum=0.9)")
         self.weight_decay = real("weight_decay", weight_decay, lo=0)
         self.clip_norm = None if clip_norm is None else real("clip_norm", clip_norm, lo=0, lo_open=True)
 
@@ -151,7 +163,10 @@ class ClientOptimizer:
             return u
         m, beta = state["m"][k], f32(self.momentum)
         m *= beta
-        m += u
+        if self.dampening:
+            m += f32(1 - self.momentum) * u
+        else:
+            m += u
         if self.nesterov:
             u += beta * m
         else:
@@ -189,7 +204,8 @@ class ServerSGD:
     def init(self, d: int) -> State:
         return {}
 
-    def update(self, state: State, g: np.ndarray, eta: float) -> tuple[np.ndarray, State]:
+    def update(self, state: State, g: np.ndarray, eta: float, t: int = 0) -> tuple[np.ndarray, State]:
+        """The step ``w <- w - step`` of round ``t`` for the aggregate ``g`` with step size ``eta``."""
         return F32(eta) * g, state
 
 
@@ -212,7 +228,7 @@ class ServerMomentum(ServerSGD):
     def init(self, d: int) -> State:
         return {"m": np.zeros(d, F32)}
 
-    def update(self, state: State, g: np.ndarray, eta: float) -> tuple[np.ndarray, State]:
+    def update(self, state: State, g: np.ndarray, eta: float, t: int = 0) -> tuple[np.ndarray, State]:
         m = state["m"]
         m *= F32(self.beta)
         m += g
@@ -222,26 +238,40 @@ class ServerMomentum(ServerSGD):
 class _Adaptive(ServerSGD):
     """Algorithm 2's common part: ``m_t = beta1 m_{t-1} + (1 - beta1) Delta_t`` and
     ``x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau)``, from m_{-1} = 0 and v_{-1} = tau^2
-    (the algorithm asks v_{-1} >= tau^2). No bias correction: the algorithm has none."""
+    (the algorithm asks v_{-1} >= tau^2). No bias correction: the algorithm has none.
 
-    def __init__(self, lr: float | None = None, beta1: float = 0.9, tau: float = 1e-3):
+    ``variant = "flower"`` is Flower's ``FedAdam``, ``FedYogi`` and ``FedAdagrad`` (``flwr``'s
+    ``server/strategy`` and ``serverapp/strategy``): v_{-1} = 0, and FedAdam's step size bias-corrected
+    as ``eta sqrt(1 - beta2^(r+1)) / (1 - beta1^(r+1))`` with Flower's 1-based round r = t + 1. Units:
+    fedring's ``g`` is a gradient, Flower's Delta a change of the weights (``-lr_client g``), so
+    Flower's ``tau`` is fedring's times the client's learning rate: set ``tau = tau_flower / lr``
+    (exact with a constant lr). ``docs/training.md`` compares the two.
+    """
+
+    def __init__(self, lr: float | None = None, beta1: float = 0.9, tau: float = 1e-3, variant: str = "reddi"):
         super().__init__(lr)
         self.beta1 = real(f"{self.name}.beta1", beta1, lo=0, hi=1, hi_open=True)
         self.tau = real(f"{self.name}.tau", tau, lo=0, lo_open=True)
+        self.variant = choice(f"{self.name}.variant", variant, ("reddi", "flower"))
 
     def init(self, d: int) -> State:
-        return {"m": np.zeros(d, F32), "v": np.full(d, F32(self.tau) ** 2, F32)}
+        v0 = F32(self.tau) ** 2 if self.variant == "reddi" else F32(0)
+        return {"m": np.zeros(d, F32), "v": np.full(d, v0, F32)}
+
+    def step_size(self, eta: float, t: int) -> float:
+        """The step size of round ``t`` (Flower's FedAdam corrects it; the others leave it)."""
+        return eta
 
     def second_moment(self, v: np.ndarray, g2: np.ndarray) -> None:
         """``v_{t-1} -> v_t`` in place, from ``Delta_t^2 = g^2``."""
         raise NotImplementedError
 
-    def update(self, state: State, g: np.ndarray, eta: float) -> tuple[np.ndarray, State]:
+    def update(self, state: State, g: np.ndarray, eta: float, t: int = 0) -> tuple[np.ndarray, State]:
         m, v = state["m"], state["v"]
         m *= F32(self.beta1)
         m += F32(1 - self.beta1) * g
         self.second_moment(v, g * g)
-        return F32(eta) * m / (np.sqrt(v) + F32(self.tau)), state
+        return F32(self.step_size(eta, t)) * m / (np.sqrt(v) + F32(self.tau)), state
 
 
 @SERVER_OPTIMIZERS.register
@@ -263,8 +293,15 @@ class ServerAdagrad(_Adaptive):
 
 
 class _Beta2(_Adaptive):
-    def __init__(self, lr: float | None = None, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3):
-        super().__init__(lr, beta1, tau)
+    def __init__(
+        self,
+        lr: float | None = None,
+        beta1: float = 0.9,
+        beta2: float = 0.99,
+        tau: float = 1e-3,
+        variant: str = "reddi",
+    ):
+        super().__init__(lr, beta1, tau, variant)
         self.beta2 = real(f"{self.name}.beta2", beta2, lo=0, hi=1, hi_open=True)
 
 
@@ -278,6 +315,16 @@ class ServerAdam(_Beta2):
     """
 
     name = "adam"
+
+    def step_size(self, eta: float, t: int) -> float:
+        """Flower's bias correction, ``eta sqrt(1 - beta2^(t+2)) / (1 - beta1^(t+2))``; Reddi et al. have none.
+
+        >>> ServerAdam(beta1=0.5, beta2=0.75, variant="flower").step_size(1.0, 0)   # sqrt(1 - 9/16) / (1 - 1/4)
+        0.8819171036881969
+        """
+        if self.variant == "reddi":
+            return eta
+        return eta * math.sqrt(1 - self.beta2 ** (t + 2)) / (1 - self.beta1 ** (t + 2))
 
     def second_moment(self, v: np.ndarray, g2: np.ndarray) -> None:
         v *= F32(self.beta2)

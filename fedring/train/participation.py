@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedring import validate as check
+from fedring import validate
 from fedring.errors import ConfigError
 from fedring.rng import Stream, generator
 
@@ -92,16 +92,16 @@ def read_availability(path: str, rounds: int, n_clients: int) -> np.ndarray:
     return table[:rounds].astype(bool)
 
 
-def check_settings(participation, availability, availability_file, cohort_f, rounds: int, n_clients: int) -> None:
+def validate_settings(participation, availability, availability_file, cohort_f, rounds: int, n_clients: int) -> None:
     """Validate the participation settings before any work (one-line :class:`ConfigError` naming the key)."""
-    check.real("participation", participation, lo=0, lo_open=True)
+    validate.real("participation", participation, lo=0, lo_open=True)
     if participation > 1 and (not float(participation).is_integer() or participation > n_clients):
         raise ConfigError(
             "participation",
-            f"a fraction in (0, 1] or a whole count of clients in [2, {n_clients}], got {check.shown(participation)}",
+            f"a fraction in (0, 1] or a whole count of clients in [2, {n_clients}], got {validate.shown(participation)}",
         )
-    check.real("availability", availability, lo=0, hi=1, lo_open=True)
-    check.choice("cohort_f", cohort_f, COHORT_F)
+    validate.real("availability", availability, lo=0, hi=1, lo_open=True)
+    validate.choice("cohort_f", cohort_f, COHORT_F)
     if availability_file is not None:
         if availability != 1:
             raise ConfigError("availability_file", "give availability (a probability) or availability_file, not both")

@@ -99,3 +99,20 @@ class Cosine(Schedule):
 def make_schedule(name: str, params: dict | None = None) -> Schedule:
     """Schedule ``name`` from its settings section; unknown names or keys raise ConfigError."""
     return SCHEDULES.build(name, params, key="lr_schedule")
+
+
+class StepSizes:
+    """The run's step sizes: ``lr_t = lr * factor(t)``, the schedule's factor of round ``t`` of ``rounds``.
+
+    >>> StepSizes(0.1, Step(milestones=[0.5]), rounds=4)(3)
+    0.010000000000000002
+    """
+
+    def __init__(self, lr: float, schedule: Schedule, rounds: int):
+        self.lr, self.schedule, self.rounds = lr, schedule, rounds
+
+    def factor(self, t: int) -> float:
+        return self.schedule.factor(t, self.rounds)
+
+    def __call__(self, t: int) -> float:
+        return self.lr * self.factor(t)

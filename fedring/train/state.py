@@ -18,6 +18,7 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
+from fedring import names
 from fedring.comm import Layout
 
 BN_STATS = ("aggregate", "local")
@@ -74,7 +75,8 @@ def rows_from_file(comm: MPI.Comm, layout: Layout, path: str | None, name: str, 
         return
     assert path is not None, "rank 0 resumes from the run's file"
     with h5py.File(path, "r") as f:
-        ds = f["checkpoint"][f["checkpoint"].attrs["current"]][name]
+        slots = f[names.CHECKPOINT]
+        ds = slots[slots.attrs["current"]][name]
         for r in range(layout.size - 1, -1, -1):
             block = np.ascontiguousarray(ds[layout.bounds[r] : layout.bounds[r + 1]], out.dtype)
             if r:

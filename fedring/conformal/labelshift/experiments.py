@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedring.errors import ConfigError
+from fedring.names import MODEL_FINAL
 from fedring.rng import Stream, generator
 
 from .scores import aps_scores, softmax
@@ -213,9 +214,9 @@ def logits_from_run(run_h5: str, data_dir: str | None = None) -> tuple[np.ndarra
         raise ConfigError(key, f"no such file: {run_h5}")
     try:
         with h5py.File(run_h5, "r") as f:
-            if "model/final" not in f:
-                raise ConfigError(key, f"{run_h5} has no /model/final (did the training run finish?)")
-            flat = np.asarray(f["model/final"], dtype=np.float32)
+            if MODEL_FINAL not in f:
+                raise ConfigError(key, f"{run_h5} has no /{MODEL_FINAL} (did the training run finish?)")
+            flat = np.asarray(f[MODEL_FINAL], dtype=np.float32)
             config = json.loads(f.attrs.get("config", "{}"))
     except OSError as e:
         raise ConfigError(key, f"cannot read {run_h5} as HDF5: {e}") from None
@@ -228,7 +229,7 @@ def logits_from_run(run_h5: str, data_dir: str | None = None) -> tuple[np.ndarra
     if flat.size != models.n_parameters(model):
         need = models.n_parameters(model)
         name = config.get("model", "cnn")
-        raise ConfigError(key, f"/model/final has {flat.size} values, model {name!r} needs {need}")
+        raise ConfigError(key, f"/{MODEL_FINAL} has {flat.size} values, model {name!r} needs {need}")
     models.load_flat(model, flat)
     dataset = DATASETS.build(
         config.get("dataset", "fashion-mnist"), {}, key=key, data_dir=data_dir or config.get("data_dir")

@@ -144,7 +144,8 @@ class Plan:
     participants: int | None = None
     shared_subsample: bool = False
 
-    def check(self) -> Plan:
+    def validate(self) -> Plan:
+        """The plan itself, once its numbers are in range (else ConfigError)."""
         check_numbers(
             alpha=self.alpha,
             delta=self.delta,
@@ -575,7 +576,7 @@ def dp_fedcp_thresholds(
         q0=q0,
         participants=participants,
         shared_subsample=shared_subsample,
-    ).check()
+    ).validate()
     sizes = np.array([local[i][0].scores.size for i in range(n)])
     net = Network(Layout(n, MPI.COMM_SELF))
     try:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from fedring import validate as check
+from fedring import validate
 from fedring.comm import Layout, Network
 from fedring.config import Config, section_settings
 from fedring.conformal.trials import TrialJob
@@ -147,8 +147,9 @@ class LabelShiftSettings:
         default=20, metadata={"help": "trials solved together (speed and memory only: the results do not depend on it)"}
     )
 
-    def check(self) -> None:
-        """Ranges and combinations (the checks that need the number of agents: :func:`check_agents`)."""
+    def validate(self) -> None:
+        """Raise ConfigError for a value out of range or a bad combination (the checks that need the
+        number of agents: :func:`check_agents`)."""
         key = "labelshift."
         methods = list(dict.fromkeys(self.methods))
         for m in methods:
@@ -400,7 +401,7 @@ class LabelShiftTask(Task):
         super().__init__(cfg, world_size)
         for section in cfg.sections:
             if section != "labelshift":
-                raise check.unknown(section, "settings section of task labelshift", section, ["labelshift"])
+                raise validate.unknown(section, "settings section of task labelshift", section, ["labelshift"])
         self.settings = settings_of(cfg)
         if self.settings.experiment == "gaussians":  # the logits experiment's agents are known once its file is read
             check_agents(self.settings, "gaussians", GaussianExperiment.n_agents, world_size)

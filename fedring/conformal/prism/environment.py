@@ -30,7 +30,7 @@ class Environment:
     sample of every hosted client.
     """
 
-    byzantine: np.ndarray  # (K,) bool, S_B, uniform and fixed for the trial
+    is_byzantine: np.ndarray  # (K,) bool, S_B, uniform and fixed for the trial
     w_star: np.ndarray | None  # (D,) or None (UCI)
     y_scale: float  # width multiplier to report (UCI: target std in Kelvin)
     lo: int
@@ -59,7 +59,7 @@ def synthetic_environment(s: ResolvedPrism, seed: int, trial: int, lo: int, hi: 
     >>> from fedring.conformal.prism.settings import settings
     >>> env = synthetic_environment(settings(clients=4, byzantine=1, participants=2, dim=3, shared=1,
     ...                                      iterations=5, calib_samples=2, test_samples=2), 0, 0, 1, 3)
-    >>> env.x_train.shape, env.x_cal.shape, int(env.byzantine.sum()), round(float(np.linalg.norm(env.w_star)), 12)
+    >>> env.x_train.shape, env.x_cal.shape, int(env.is_byzantine.sum()), round(float(np.linalg.norm(env.w_star)), 12)
     ((5, 2, 3), (2, 2, 3), 1, 1.0)
     """
     env = generator(seed, Stream.PRISM_ENVIRONMENT, step=trial)

@@ -145,7 +145,7 @@ def reported_scores(
     rep = cal.copy()
     if attack is None:
         return rep
-    byz_local = env.byzantine[env.lo : env.hi]
+    byz_local = env.is_byzantine[env.lo : env.hi]
     benign_mean = None
     if attack.knowledge == "omniscient":
         sums = np.zeros((2, s.clients))
@@ -216,7 +216,7 @@ def run_trial(
     env = environment(s, data, seed, trial, lo, hi)
     parts = participants(s, seed, trial)
     C, K = len(cases), s.clients
-    evaluated = np.ones(hi - lo, dtype=bool) if s.coverage_on == "all" else ~env.byzantine[lo:hi]
+    evaluated = np.ones(hi - lo, dtype=bool) if s.coverage_on == "all" else ~env.is_byzantine[lo:hi]
     # per-client sums (each entry from one rank: the reduction is exact on any rank count)
     covered, sqerr, tested = np.zeros((C, K)), np.zeros((C, K)), np.zeros((1, K))
     tested[0, lo:hi] = evaluated * s.test_samples
@@ -252,7 +252,7 @@ def run_trial(
     mse = np.array([msd[c["shared"]] for c in cases]) if env.w_star is not None else sqerr / n_tested
     with np.errstate(divide="ignore"):
         mse_db = 10 * np.log10(mse)
-    byz = env.byzantine
+    byz = env.is_byzantine
     return {
         "coverage": covered / n_tested,
         "size": 2.0 * q * env.y_scale,
@@ -448,7 +448,7 @@ def _load_data(s: ResolvedPrism, seed: int):
     from .uci import load_superconductivity, write_standin_csv
 
     if not s.standin:
-        assert s.data_dir is not None, "check() asks uci runs for data_dir or standin"
+        assert s.data_dir is not None, "validate() asks uci runs for data_dir or standin"
         return load_superconductivity(s.data_dir)
     import tempfile
     from pathlib import Path

@@ -23,21 +23,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedring.comm import Network
 from fedring.rng import Stream, generator
 
-if TYPE_CHECKING:
-    from .environment import Environment
-    from .settings import ResolvedPrism
-
-#: how a Byzantine client's corruption stays in its own model: not at all, in the shared
-#: coordinates it sent, or the whole noise vector
-PERSIST = ("none", "sent", "full")
-MASK_SCHEMES = ("random", "roundrobin")
+from .environment import Environment
+from .settings import ResolvedPrism
 
 
 def selection_masks(rng: np.random.Generator, n: int, dim: int, shared: int, scheme: str = "random") -> np.ndarray:
@@ -88,7 +81,7 @@ class UplinkNoise:
         nl = env.hi - env.lo
         self.slot = np.full(nl, -1)
         self.tau = np.zeros((s.iterations, nl), dtype=bool)
-        local_byz = np.flatnonzero(env.byzantine[env.lo : env.hi])
+        local_byz = np.flatnonzero(env.is_byzantine[env.lo : env.hi])
         self.delta = np.empty((local_byz.size, s.iterations, s.dim))
         sd = math.sqrt(s.attack_var)
         for slot, j in enumerate(local_byz):

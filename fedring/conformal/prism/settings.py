@@ -13,18 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedring import validate as check
+from fedring import validate
 from fedring.config import section_settings
 from fedring.conformal.split import check_alpha
 from fedring.errors import ConfigError
 
 from .attacks import CALIB_ATTACKS
 from .calibration import FILTERS
-from .psofed import MASK_SCHEMES, PERSIST
 
 METHODS = ("prism", "robfcp", "fcp")
 DATASETS = ("synthetic", "uci")
 COVERAGE_ON = ("benign", "all")
+#: how a Byzantine client's corruption stays in its own model (:func:`.psofed.train_psofed`): not
+#: at all, in the shared coordinates it sent, or the whole noise vector
+PERSIST = ("none", "sent", "full")
+#: the selection masks of :func:`.psofed.selection_masks`
+MASK_SCHEMES = ("random", "roundrobin")
 
 #: The settings the paper leaves open, as named profiles (``docs/prism-fcp.md``):
 #:
@@ -80,7 +84,7 @@ def _help(text: str) -> dict:
 
 @dataclass
 class PrismSettings:
-    """The ``[prism]`` section (paper Sec. V defaults); :meth:`check` fills what is left unset."""
+    """The ``[prism]`` section (paper Sec. V defaults); :meth:`validate` fills what is left unset."""
 
     method: str = field(
         default="prism",
@@ -161,51 +165,51 @@ class PrismSettings:
     )
     dirichlet: float = field(default=0.5, metadata=_help("uci: concentration of the clients' Dirichlet mixtures"))
 
-    def check(self) -> None:
-        """Validate every setting; fill the unset ones from the data set and the profile."""
-        check.choice("prism.method", self.method, METHODS)
+    def validate(self) -> None:
+        """Check every setting (raise ConfigError); fill the unset ones from the data set and the profile."""
+        validate.choice("prism.method", self.method, METHODS)
         if self.calib_attack != "none":
             CALIB_ATTACKS.get(self.calib_attack, "prism.calib_attack", hint="or none; ")
-        check.integer("prism.trials", self.trials, lo=1)
-        check.choice("prism.dataset", self.dataset, DATASETS)
+        validate.integer("prism.trials", self.trials, lo=1)
+        validate.choice("prism.dataset", self.dataset, DATASETS)
         defaults = DATASET_DEFAULTS[self.dataset]
         for name in ("participants", "dim", "shared", "profile"):
             if getattr(self, name) is None:
                 setattr(self, name, defaults[name])
-        profile: str = check.choice("prism.profile", self.profile, PROFILES)
+        profile: str = validate.choice("prism.profile", self.profile, PROFILES)
         for name in ("step", "byz_persist", "local_updates"):
             if getattr(self, name) is None:
                 setattr(self, name, PROFILES[profile][name])
-        check.integer("prism.clients", self.clients, lo=1)
-        check.integer("prism.participants", self.participants, lo=1, hi=self.clients)
-        check.integer("prism.dim", self.dim, lo=1)
+        validate.integer("prism.clients", self.clients, lo=1)
+        validate.integer("prism.participants", self.participants, lo=1, hi=self.clients)
+        validate.integer("prism.dim", self.dim, lo=1)
         if self.dataset == "uci":
-            check.choice("prism.dim", self.dim, (UCI_DIM,))
-        check.integer("prism.shared", self.shared, lo=1, hi=self.dim)
-        check.real("prism.step", self.step, lo=0, lo_open=True)
-        check.integer("prism.iterations", self.iterations, lo=0)
-        check.integer("prism.byzantine", self.byzantine, lo=0, hi=self.clients - 1)
-        check.real("prism.attack_prob", self.attack_prob, lo=0, hi=1)
-        check.real("prism.attack_var", self.attack_var, lo=0)
-        check.choice("prism.byz_persist", self.byz_persist, PERSIST)
-        check.choice("prism.mask_scheme", self.mask_scheme, MASK_SCHEMES)
-        check.integer("prism.calib_samples", self.calib_samples, lo=0)
-        check.integer("prism.test_samples", self.test_samples, lo=1)
-        check.integer("prism.bins", self.bins, lo=1)
+            validate.choice("prism.dim", self.dim, (UCI_DIM,))
+        validate.integer("prism.shared", self.shared, lo=1, hi=self.dim)
+        validate.real("prism.step", self.step, lo=0, lo_open=True)
+        validate.integer("prism.iterations", self.iterations, lo=0)
+        validate.integer("prism.byzantine", self.byzantine, lo=0, hi=self.clients - 1)
+        validate.real("prism.attack_prob", self.attack_prob, lo=0, hi=1)
+        validate.real("prism.attack_var", self.attack_var, lo=0)
+        validate.choice("prism.byz_persist", self.byz_persist, PERSIST)
+        validate.choice("prism.mask_scheme", self.mask_scheme, MASK_SCHEMES)
+        validate.integer("prism.calib_samples", self.calib_samples, lo=0)
+        validate.integer("prism.test_samples", self.test_samples, lo=1)
+        validate.integer("prism.bins", self.bins, lo=1)
         check_alpha(self.alpha, "prism.alpha")
-        check.choice("prism.filter", self.filter, FILTERS)
+        validate.choice("prism.filter", self.filter, FILTERS)
         if self.r_max is not None:
-            check.real("prism.r_max", self.r_max, lo=0, lo_open=True)
-        check.real("prism.mad_scale", self.mad_scale, lo=0, lo_open=True)
-        check.real("prism.mad_threshold", self.mad_threshold, lo=0, lo_open=True)
-        check.choice("prism.coverage_on", self.coverage_on, COVERAGE_ON)
+            validate.real("prism.r_max", self.r_max, lo=0, lo_open=True)
+        validate.real("prism.mad_scale", self.mad_scale, lo=0, lo_open=True)
+        validate.real("prism.mad_threshold", self.mad_threshold, lo=0, lo_open=True)
+        validate.choice("prism.coverage_on", self.coverage_on, COVERAGE_ON)
         for name, lo_open in (("input_var", True), ("noise_var", False)):
             values = getattr(self, name)
             if len(values) != 2:
                 raise ConfigError(f"prism.{name}", f"needs two numbers, low and high, got {values}")
-            check.real(f"prism.{name}", values[0], lo=0, lo_open=lo_open)
-            check.real(f"prism.{name}", values[1], lo=values[0])
-        check.real("prism.dirichlet", self.dirichlet, lo=0, lo_open=True)
+            validate.real(f"prism.{name}", values[0], lo=0, lo_open=lo_open)
+            validate.real(f"prism.{name}", values[1], lo=values[0])
+        validate.real("prism.dirichlet", self.dirichlet, lo=0, lo_open=True)
         if self.dataset == "uci" and (self.data_dir is None) == (not self.standin):
             raise ConfigError(
                 "prism.data_dir",
@@ -221,7 +225,7 @@ class PrismSettings:
 
 class ResolvedPrism(PrismSettings):
     """The ``[prism]`` settings as a run uses them: built by :func:`settings` (and the task),
-    which run :meth:`PrismSettings.check`, so the settings it fills are never None."""
+    which run :meth:`PrismSettings.validate`, so the settings it fills are never None."""
 
     profile: str
     participants: int

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from fedring import validate as check
+from fedring import validate
 from fedring.config import Config, section_settings
 from fedring.job import Driver
 from fedring.tasks import TASKS, Task
@@ -25,11 +25,11 @@ class PrismTask(Task):
         super().__init__(cfg, world_size)
         self.settings: ResolvedPrism = section_settings(ResolvedPrism, "prism", cfg.section("prism"))
         s = self.settings
-        check.fills_ranks("prism.clients", s.clients, world_size)
+        validate.fills_ranks("prism.clients", s.clients, world_size)
         known = ["prism", *CALIB_ATTACKS]
         for section in cfg.sections:
             if section not in known:
-                raise check.unknown(section, "settings section of task prism", section, known)
+                raise validate.unknown(section, "settings section of task prism", section, known)
         for name in CALIB_ATTACKS:
             if name in s.attacks or name in cfg.sections:
                 make_calib_attack(name, s.attack_params(name, cfg.section(name)))

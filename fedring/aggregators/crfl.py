@@ -1,0 +1,56 @@
+"""CRFL's server step (Xie, Chen, Chen, Li, ICML 2021), as FLPoison's ``aggregators/crfl.py``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedring.validate import real
+
+from .base import AggregateResult, Aggregator, register
+
+
+@register
+class CRFL(Aggregator):
+    r"""CRFL's server step: the mean of the uploads, clipped to norm at most ρ, plus Gaussian noise.
+
+    .. math:: \bar x \min\Big(1, \frac{\rho}{\|\bar x\| + 10^{-10}}\Big) + \mathcal N(0, \sigma^2 I),
+              \qquad \bar x = \frac1n \sum_i x_i
+
+    Xie, Chen, Chen, Li, "CRFL: Certifiably Robust Federated Learning against Backdoor Attacks",
+    ICML 2021. The paper clips and perturbs the global model's parameters (parameter smoothing,
+    which its certificate needs); FLPoison, and this rule, which sees the uploads only, clip and
+    perturb the aggregated update. No client is left out.
+
+    Parameters
+    ----------
+    threshold : float
+        ρ (3.0, FLPoison's ``norm_threshold``).
+    noise : float
+        σ (0.001, FLPoison's ``noise_std``; 0 turns the noise off), drawn from the round's ``rng``.
+
+    Examples
+    --------
+    The mean (3, 4) has norm 5 and is scaled to norm 3:
+
+    >>> CRFL(noise=0.0)(np.array([[2., 4.], [4., 4.]]))
+    array([1.8, 2.4])
+    """
+
+    name = "crfl"
+
+    def __init__(self, f: int = 0, *, threshold: float = 3.0, noise: float = 0.001):
+        super().__init__(f)
+        self.threshold = real("crfl.threshold", threshold, lo=0.0, lo_open=True)
+        self.noise = real("crfl.noise", noise, lo=0.0)
+
+    def clipped_mean(self, X: np.ndarray) -> np.ndarray:
+        """The deterministic part: the mean clipped to norm ρ."""
+        mean = X.mean(axis=0)
+        norm = float(np.sqrt(np.dot(mean.astype(np.float64), mean.astype(np.float64))))
+        return mean * X.dtype.type(min(1.0, self.threshold / (norm + 1e-10)))
+
+    def _aggregate(self, X, state, reference, rng):
+        out = self.clipped_mean(X)
+        if self.noise > 0:
+            out = out + (self.noise * rng.standard_normal(X.shape[1])).astype(X.dtype)
+        return AggregateResult(out)

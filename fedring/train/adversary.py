@@ -1,0 +1,126 @@
+"""The adversary: which clients are Byzantine, and how their model attack rewrites their rows.
+
+A data attack (:class:`fedring.attacks.DataAttack`) acts inside the Byzantine clients' local
+steps (:mod:`fedring.train.clients` poisons their batches); a model attack
+(:class:`fedring.attacks.ModelAttack`) replaces their rows after the clients computed them
+(:meth:`Adversary.attack`). Omniscient and colluding attacks learn the other clients' rows
+through an explicit side channel (ledger phase ``adversary``), whose bytes are never counted as
+protocol traffic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from fedring.attacks import AttackContext, DataAttack, ModelAttack
+from fedring.comm import Network
+from fedring.config import Config, byzantine_count
+from fedring.rng import Stream, generator
+
+from .participation import Cohort
+
+
+def byzantine_clients(cfg: Config) -> np.ndarray:
+    """Sorted ids of the clients that attack: drawn from the seed, or the first ones."""
+    count = byzantine_count(cfg)
+    if cfg.byzantine_select == "first":
+        return np.arange(count)
+    return np.sort(generator(cfg.seed, Stream.BYZANTINE).choice(cfg.n_clients, count, replace=False))
+
+
+#: the defence's rule on all of a cohort's rows, ``(X, reference, cohort) -> (d,)``: what
+#: aggregator-aware attacks optimise against (the topology's ``reference_rule``)
+ReferenceRule = Callable[[np.ndarray, "np.ndarray | None", Cohort], np.ndarray]
+
+
+class Adversary:
+    """The Byzantine clients (``byzantine``: sorted ids; ``is_byzantine``: the same as a mask over
+    every client) and their attack, built once from the run's settings (``attack``)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        net: Network,
+        byzantine: np.ndarray,
+        attack: ModelAttack | DataAttack | None,
+        f: int,
+        reference_rule: ReferenceRule,
+        lr_at: Callable[[int], float],
+    ):
+        self.seed, self.aggregator_name, self.net = cfg.seed, cfg.aggregator, net
+        self.byzantine, self.f = byzantine, f
+        self.is_byzantine = np.zeros(cfg.n_clients, bool)
+        self.is_byzantine[byzantine] = True
+        self.model_attack = attack if isinstance(attack, ModelAttack) else None
+        self.data_attack = attack if isinstance(attack, DataAttack) else None
+        self.reference_rule, self.lr_at = reference_rule, lr_at
+
+    def poisoned(self) -> np.ndarray:
+        """Which clients train on poisoned batches (a mask over every client; none without a data attack)."""
+        return self.is_byzantine if self.data_attack is not None else np.zeros_like(self.is_byzantine)
+
+    def attackers(self, cohort: Cohort) -> np.ndarray:
+        """The Byzantine members of ``cohort`` (sorted ids); none when the model attack is undefined
+        for the cohort (:meth:`fedring.attacks.ModelAttack.check`)."""
+        attack = self.model_attack
+        if attack is None or (cohort.byzantine and attack.check(cohort.size, cohort.byzantine, cohort.f) is not None):
+            return self.byzantine[:0]
+        return self.byzantine[cohort.member[self.byzantine]]
+
+    def attack(self, rows: np.ndarray, t: int, reference: np.ndarray | None, cohort: Cohort) -> np.ndarray:
+        """Round ``t``: ``rows`` (this rank's clients' uploads) with the rows of the cohort's attackers
+        replaced; the attackers learn only the cohort's honest rows. Returns ``rows`` itself, rewritten
+        in place (a rank holds one ``(clients, d)`` buffer of uploads)."""
+        attack, attackers = self.model_attack, self.attackers(cohort)
+        if attack is None or not len(attackers):
+            return rows
+        lay = self.net.layout
+        local = [c - lay.lo for c in attackers if lay.lo <= c < lay.hi]
+        if attack.knowledge == "own":
+            for k in local:
+                rng = generator(self.seed, Stream.ATTACK, client=lay.lo + k, step=t)
+                rows[k] = attack(rows[k : k + 1], None, self.context(rng, t, None, cohort))[0]
+            return rows
+        crafted = None
+        dtype = rows.dtype if attack.blockwise else np.float64  # cast as the rows arrive
+        byz, honest = self.learn(rows, cohort.member, attack.knowledge == "omniscient", dtype)
+        if byz is not None:
+            rng = generator(self.seed, Stream.ATTACK, step=t)
+            crafted = attack(byz, honest, self.context(rng, t, reference, cohort))
+            del byz, honest  # before the scatter and the server's own gather
+        rows[local] = self.net.scatter_from_server(crafted, attackers, "adversary", rows.shape[1:], rows.dtype)
+        return rows
+
+    def context(self, rng: np.random.Generator, t: int, reference: np.ndarray | None, cohort: Cohort) -> AttackContext:
+        return AttackContext(
+            rng=rng,
+            n=cohort.size,
+            f=cohort.f,
+            lr=self.lr_at(t),
+            round=t,
+            aggregator=lambda X: self.reference_rule(X, reference, cohort),
+            aggregator_name=self.aggregator_name,
+        )
+
+    def learn(
+        self, rows: np.ndarray, member: np.ndarray, omniscient: bool, dtype: np.dtype | type
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Over the side channel, on rank 0: the Byzantine members' rows and, for an omniscient attack,
+        the honest members' rows in ``dtype`` (the clients' own, or float64 for an attack that is not
+        ``blockwise``), in client order, each row copied as its rank's block arrives, so rank 0 never
+        holds all n rows besides; (None, None) elsewhere."""
+        byz_member, honest_member = member & self.is_byzantine, member & ~self.is_byzantine
+        slot = np.where(byz_member, np.cumsum(byz_member), np.cumsum(honest_member)) - 1
+        byz = honest = None
+        if self.net.layout.rank == 0:
+            byz = np.empty((int(byz_member.sum()), *rows.shape[1:]), rows.dtype)
+            if omniscient:
+                honest = np.empty((int(honest_member.sum()), *rows.shape[1:]), dtype)
+        for first, block in self.net.gather_blocks(rows, "adversary"):
+            for k, client in enumerate(range(first, first + len(block))):
+                into = byz if byz_member[client] else honest if honest_member[client] else None
+                if into is not None:
+                    into[slot[client]] = block[k]
+        return byz, honest

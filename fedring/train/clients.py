@@ -1,0 +1,142 @@
+"""A rank's clients computing their uploads: the local steps, written once for every source of
+gradients (:mod:`fedring.train.gradients`: one client at a time, or B at a time with ``vmap``).
+
+Client ``i``'s upload of round ``t``: with one local step, its stochastic gradient (FedSGD, the
+BRACE paper's setting); with more (``local_steps`` > 1, or ``local_epochs``), ``(w - w_local) / lr``
+after that many SGD steps. Each mini-batch gradient is clipped and decayed, and the client's
+momentum turns the result into the vector it uploads (:class:`fedring.train.optim.ClientOptimizer`).
+A Byzantine client under a data attack trains on poisoned batches, and scales its upload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from fedring.attacks import DataAttack
+from fedring.comm import Layout
+from fedring.config import Config
+from fedring.rng import Stream, generator
+
+from .batched import VmapGradients
+from .data import Shard
+from .device import Staging
+from .gradients import Group, ModelGradients
+from .optim import ClientOptimizer, ClientState, Vector, f32
+
+#: the key of a data attack's memory rows in :attr:`Clients.state` (checkpoint array ``client_attack``)
+ATTACK_MEMORY = "attack"
+
+
+class Clients:
+    """This rank's clients: their shards, optimizer rows (``state``) and the ``(clients, d)`` float32
+    buffer of their uploads (``rows``, rewritten every round)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        layout: Layout,
+        shards: list[Shard],
+        stage: Staging,
+        source: ModelGradients | VmapGradients,
+        optimizer: ClientOptimizer,
+        poisoned: np.ndarray,
+        data_attack: DataAttack | None,
+        lr_at: Callable[[int], float],
+        d: int,
+    ):
+        self.seed, self.batch_size = cfg.seed, cfg.batch_size
+        self.local_steps, self.local_epochs = cfg.local_steps, cfg.local_epochs
+        self.layout, self.shards, self.stage, self.source = layout, shards, stage, source
+        self.optimizer, self.poisoned, self.data_attack, self.lr_at = optimizer, poisoned, data_attack, lr_at
+        self.rows = np.empty((layout.n_local, d), np.float32)
+        self.state: ClientState = optimizer.init(layout.n_local, d, None if stage.on_host else stage.device)
+        if data_attack is not None and data_attack.remembers:  # checkpointed with the optimizer rows
+            self.state[ATTACK_MEMORY] = np.full((layout.n_local, d), np.nan, np.float32)
+
+    def updates(self, t: int, w: Vector, taking: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Round ``t`` from the shared weights ``w`` (staged): the uploads of the local clients that take
+        part (``taking``, per local client) in ``rows``, and each one's first batch loss, in a
+        ``(n_clients,)`` array with zeros elsewhere. Returns ``(rows, batch_loss)``; ``rows`` is this
+        object's buffer, valid until the next round."""
+        batch_loss = np.zeros(self.layout.n_clients)
+        for group in self.source.groups(self.layout.local_clients, taking):
+            self.steps_of(t, w, group, batch_loss)
+        return self.rows, batch_loss
+
+    def steps_of(self, t: int, w: Vector, group: Group, batch_loss: np.ndarray) -> None:
+        """The local steps of ``group``'s held clients, their uploads into ``rows``."""
+        lo, held, lr = self.layout.lo, group.held, f32(self.lr_at(t))
+        batches = {c: self.batches(t, c) for c in held}
+        steps = self.step_count(self.shards[held[0] - lo])
+        w_local, g = self.source.start(w, group, steps, self.rows[held[0] - lo])
+        for step in range(steps):
+            drawn = {c: next(batches[c]) for c in held}
+            losses = self.source.gradients(step, w_local, [drawn.get(c, drawn[held[0]]) for c in slots(group)], g)
+            if step == 0:
+                first_loss = losses
+            for c in held:
+                s = c - group.first
+                self.optimizer.gradient(g[s], w_local[s])
+                if steps > 1:
+                    w_local[s] -= lr * g[s]
+        self.source.end(w, group, steps)
+        for c in held:
+            s, out = c - group.first, self.rows[c - lo]
+            u = self.stage.output(out)
+            u[:] = (w - w_local[s]) / lr if steps > 1 else g[s]
+            self.upload(c, u, out, w, lr)
+            batch_loss[c] = float(first_loss[s])
+
+    def upload(self, client: int, u: Vector, out: np.ndarray, w: Vector, lr: float) -> None:
+        """``client``'s update direction ``u`` (made by ``stage.output(out)``) as the vector it
+        uploads, in ``out``: its momentum direction, copied to host memory, changed
+        (:meth:`fedring.attacks.DataAttack.release`, from the round's weights ``w`` and ``lr``) and
+        scaled under a data attack."""
+        self.optimizer.direction(self.state, client - self.layout.lo, u)
+        self.stage.upload(u, out)
+        if self.poisoned[client] and self.data_attack is not None:
+            if self.data_attack.remembers:
+                host = w if isinstance(w, np.ndarray) else w.detach().cpu().numpy()
+                self.data_attack.release(out, lr, host, self.state[ATTACK_MEMORY][client - self.layout.lo])
+            else:
+                self.data_attack.release(out, lr)
+            if self.data_attack.scale != 1:
+                out *= np.float32(self.data_attack.scale)
+
+    def batches(self, t: int, client: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``client``'s mini-batches of round ``t``, poisoned when it runs a data attack."""
+        shard = self.shards[client - self.layout.lo]
+        rng = generator(self.seed, Stream.BATCH, client=client, step=t)
+        if not self.poisoned[client] or self.data_attack is None:
+            return self.local_batches(shard, rng)
+        poison_rng = generator(self.seed, Stream.POISON, client=client, step=t)
+        attack = self.data_attack.attacker(int(self.poisoned[:client].sum()))  # its index among the attackers
+        return (attack.poison(x, y, poison_rng) for x, y in self.local_batches(shard, rng))
+
+    def step_count(self, shard: Shard) -> int:
+        """Local SGD steps of a client: ``local_steps``, or ``local_epochs`` passes of ceil(|shard| / batch_size)."""
+        if self.local_epochs is None:
+            return self.local_steps
+        return self.local_epochs * -(-len(shard.y) // self.batch_size)
+
+    def local_batches(self, shard: Shard, rng: np.random.Generator) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The mini-batches of one round: ``local_steps`` drawn without replacement each, or
+        ``local_epochs`` passes over a fresh permutation of the shard (the last batch of a pass may be smaller)."""
+        if self.local_epochs is None:
+            size = min(self.batch_size, len(shard.y))
+            for _ in range(self.local_steps):
+                idx = np.sort(rng.choice(len(shard.y), size, replace=False))
+                yield shard.x[idx], shard.y[idx]
+            return
+        for _ in range(self.local_epochs):
+            order = rng.permutation(len(shard.y))
+            for a in range(0, len(order), self.batch_size):
+                idx = np.sort(order[a : a + self.batch_size])
+                yield shard.x[idx], shard.y[idx]
+
+
+def slots(group: Group) -> range:
+    """The client ids of ``group``'s slots."""
+    return range(group.first, group.first + group.size)
