@@ -55,6 +55,33 @@ from .topology import RingTopology, ServerTopology
 PER_RANK = ("client_",)
 
 
+def topology_of(
+    parts: components.Components, net: Network, byzantine: np.ndarray, seed: int, d: int
+) -> RingTopology | ServerTopology:
+    """The topology of the run's rule: the ring for a ring rule (with its builder for cohorts), else the server."""
+    if isinstance(parts.rule, RingRule):
+        assert parts.ring_rule is not None, "a ring rule comes with its builder for cohorts"
+        return RingTopology(net, parts.rule, parts.ring_rule, byzantine, d)
+    return ServerTopology(net, parts.rule, seed, d)
+
+
+def federated_data(cfg: Config, clients: range, server: bool) -> FederatedData:
+    """The shards of this rank's ``clients`` (and the server's clean samples when ``server``)."""
+    return FederatedData(
+        cfg.dataset,
+        cfg.data_dir,
+        cfg.n_clients,
+        clients,
+        cfg.partition,
+        cfg.noniid,
+        cfg.seed,
+        server_samples=cfg.server_samples if server else 0,
+        shards_per_client=cfg.section("shards").get("per_client", 2),
+        validation=cfg.validation,
+        settings=cfg.section(cfg.partition),
+    )
+
+
 class Trainer:
     """Collective: the parts of one run on one rank (module docstring), built from the run's settings
     and its ``parts`` (:func:`fedring.train.components.build`; built here when not given).
@@ -79,28 +106,11 @@ class Trainer:
         self.lr_at = StepSizes(cfg.lr, parts.schedule, cfg.rounds)
         self.byzantine = byzantine_clients(cfg)
         self.f = defence_f(cfg)
-        self.topology: RingTopology | ServerTopology
-        if isinstance(parts.rule, RingRule):
-            assert parts.ring_rule is not None, "a ring rule comes with its builder for cohorts"
-            self.topology = RingTopology(self.net, parts.rule, parts.ring_rule, self.byzantine, self.d)
-        else:
-            self.topology = ServerTopology(self.net, parts.rule, cfg.seed, self.d)
+        self.topology = topology_of(parts, self.net, self.byzantine, cfg.seed, self.d)
         self.adversary = Adversary(
             cfg, self.net, self.byzantine, parts.attack, self.f, self.topology.reference_rule, self.lr_at
         )
-        data = FederatedData(
-            cfg.dataset,
-            cfg.data_dir,
-            cfg.n_clients,
-            self.layout.local_clients,
-            cfg.partition,
-            cfg.noniid,
-            cfg.seed,
-            server_samples=cfg.server_samples if self.topology.needs_reference and comm.rank == 0 else 0,
-            shards_per_client=cfg.section("shards").get("per_client", 2),
-            validation=cfg.validation,
-            settings=cfg.section(cfg.partition),
-        )
+        data = federated_data(cfg, self.layout.local_clients, self.topology.needs_reference and comm.rank == 0)
         self.server_data = data.server
         self.rows_comm = comm.Dup()  # checkpoint rows, apart from the protocol's messages
         buffers = ModelBuffers(model, cfg.bn_stats, self.layout)
