@@ -48,3 +48,19 @@ def test_bench_bad_arguments():
         main(["--rules", "nope", "--dim", "10"])
     with pytest.raises(ConfigError, match="--clients"):
         main(["--clients", "a,b"])
+
+
+def test_bench_new_rules_tiny(tmp_path):
+    """The peers' rules are benchmark entries and run end to end (figures are not asserted)."""
+    for name in ["mda", "monna-0", "meamed", "caf", "smea", "arc+mean", "dnc", "signguard", "flame", "foolsgold"]:
+        assert name in ENTRIES
+    for name in ["normclipping", "simpleclustering", "auror", "crfl", "lasa", "clippedclustering"]:
+        assert name in ENTRIES
+    out = tmp_path / "bench.json"
+    main(["--clients", "9", "--dim", "2000", "--repeats", "1", "--rules", "dnc,foolsgold", "--json", str(out)])
+    recs = {r["rule"]: r for r in json.loads(out.read_text())["records"]}
+    assert list(recs) == ["mean", "dnc", "foolsgold"]
+    for r in recs.values():
+        assert r["seconds"] > 0 and r["cpu_seconds"] >= 0 and r["peak_extra_bytes"] > 0
+        assert r["paper_row"] is None or r["rule"] == "mean"
+    assert recs["foolsgold"]["state_copies"] >= 1  # the history of every client

@@ -76,6 +76,27 @@ ENTRIES: dict[str, tuple[str, dict, tuple, str | None]] = {
     "nnm+mean": ("mean", {}, ("nnm",), None),
     "bucketing+mean": ("mean", {}, ("bucketing",), None),
     "clipping+mean": ("mean", {}, ("clipping",), None),
+    # ByzFL's rules (its defaults; MoNNA's reference row is client 0's, as ByzFL's idx=0)
+    "mda": ("mda", {}, (), None),
+    "monna-0": ("monna", {"idx": 0}, (), None),
+    "meamed": ("meamed", {}, (), None),
+    "caf": ("caf", {}, (), None),
+    "caf-byzfl": ("caf", {"variant": "byzfl"}, (), None),
+    "smea": ("smea", {}, (), None),
+    "arc+mean": ("mean", {}, ("arc",), None),
+    # FLPoison's rules (its defaults)
+    "dnc": ("dnc", {}, (), None),
+    "signguard": ("signguard", {}, (), None),
+    "flame": ("flame", {}, (), None),
+    "foolsgold": ("foolsgold", {}, (), None),
+    "normclipping": ("normclipping", {}, (), None),
+    "simpleclustering": ("simpleclustering", {}, (), None),
+    "auror": ("auror", {}, (), None),
+    "auror-ol": ("auror", {"output": 1010}, (), None),  # a 10 x 100 output layer and its bias, as the race's model
+    "crfl": ("crfl", {}, (), None),
+    "lasa": ("lasa", {}, (), None),
+    # Blades' rule
+    "clippedclustering": ("clippedclustering", {}, (), None),
 }
 
 
