@@ -61,11 +61,14 @@ class Clients:
         ``(n_clients,)`` array with zeros elsewhere. Returns ``(rows, batch_loss)``; ``rows`` is this
         object's buffer, valid until the next round."""
         batch_loss = np.zeros(self.layout.n_clients)
+        remembers = self.data_attack is not None and self.data_attack.remembers
+        # an attack that remembers reads the weights in host memory: copied once a round, not per attacker
+        w_host = None if not remembers else w if isinstance(w, np.ndarray) else w.detach().cpu().numpy()
         for group in self.source.groups(self.layout.local_clients, taking):
-            self.steps_of(t, w, group, batch_loss)
+            self.steps_of(t, w, group, batch_loss, w_host)
         return self.rows, batch_loss
 
-    def steps_of(self, t: int, w: Vector, group: Group, batch_loss: np.ndarray) -> None:
+    def steps_of(self, t: int, w: Vector, group: Group, batch_loss: np.ndarray, w_host: np.ndarray | None) -> None:
         """The local steps of ``group``'s held clients, their uploads into ``rows``."""
         lo, held, lr = self.layout.lo, group.held, f32(self.lr_at(t))
         batches = {c: self.batches(t, c) for c in held}
@@ -86,22 +89,20 @@ class Clients:
             s, out = c - group.first, self.rows[c - lo]
             u = self.stage.output(out)
             u[:] = (w - w_local[s]) / lr if steps > 1 else g[s]
-            self.upload(c, u, out, w, lr)
+            self.upload(c, u, out, w_host, lr)
             batch_loss[c] = float(first_loss[s])
 
-    def upload(self, client: int, u: Vector, out: np.ndarray, w: Vector, lr: float) -> None:
+    def upload(self, client: int, u: Vector, out: np.ndarray, w_host: np.ndarray | None, lr: float) -> None:
         """``client``'s update direction ``u`` (made by ``stage.output(out)``) as the vector it
         uploads, in ``out``: its momentum direction, copied to host memory, changed
-        (:meth:`fedring.attacks.DataAttack.release`, from the round's weights ``w`` and ``lr``) and
-        scaled under a data attack."""
-        self.optimizer.direction(self.state, client - self.layout.lo, u)
+        (:meth:`fedring.attacks.DataAttack.release`, from the round's host weights ``w_host``, given
+        to an attack that remembers, and ``lr``) and scaled under a data attack."""
+        k = client - self.layout.lo
+        self.optimizer.direction(self.state, k, u)
         self.stage.upload(u, out)
         if self.poisoned[client] and self.data_attack is not None:
-            if self.data_attack.remembers:
-                host = w if isinstance(w, np.ndarray) else w.detach().cpu().numpy()
-                self.data_attack.release(out, lr, host, self.state[ATTACK_MEMORY][client - self.layout.lo])
-            else:
-                self.data_attack.release(out, lr)
+            memory = self.state[ATTACK_MEMORY][k] if self.data_attack.remembers else None
+            self.data_attack.release(out, lr, w_host, memory)
             if self.data_attack.scale != 1:
                 out *= np.float32(self.data_attack.scale)
 

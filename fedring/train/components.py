@@ -126,7 +126,6 @@ def build(cfg: Config) -> Components:
     else:
         rule = server_rule(cfg, cls, privacy)
         reads = {cfg.aggregator, *rule.reads()}
-    attack = None
     if cfg.attack != "none":
         ATTACKS.get(cfg.attack, "attack", hint="or none; ")
         if byzantine_count(cfg) == 0:
