@@ -69,7 +69,7 @@ def make_task(cfg: Config, world_size: int) -> Task:
     plugins.load(cfg.plugins)
     validate.integer("seed", cfg.seed, lo=0)
     validate.real("stop_grace", cfg.stop_grace, lo=0, lo_open=True)
-    tracking.check(cfg)
+    tracking.require(cfg)
     if cfg.task != "train":
         for key in FIELDS:
             if key not in GENERAL and getattr(cfg, key) != getattr(DEFAULTS, key):

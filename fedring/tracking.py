@@ -30,7 +30,6 @@ file marked ``failed`` with every step so far, ``--resume`` to continue.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import time
@@ -314,15 +313,14 @@ def experiment(client) -> str:
 TRACKERS: dict[str, type[TensorBoard] | type[MLflow]] = {"tensorboard": TensorBoard, "mlflow": MLflow}
 
 
-def check(cfg: Config) -> None:
+def require(cfg: Config) -> None:
     """Every rank, before any work: ``log`` names known trackers, each once, whose extras are installed."""
     for i, name in enumerate(cfg.log):
         if name not in TRACKERS:
             raise validate.unknown("log", "tracker", name, TRACKERS)
         if name in cfg.log[:i]:
             raise ConfigError("log", f"names {name} twice")
-        if any(importlib.util.find_spec(module) is None for module in TRACKERS[name].modules):
-            raise ConfigError("log", f"{name} needs the {name} extra: pip install 'fedring[{name}]'")
+        validate.installed("log", TRACKERS[name].modules, f"{name} needs the {name} extra", name)
     if "tensorboard" in cfg.log and not cfg.tensorboard_dir:
         raise ConfigError("tensorboard_dir", "must name a folder (default runs)")
 

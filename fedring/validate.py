@@ -18,12 +18,26 @@ fedring.errors.ConfigError: krum.variant: 'papr' is not allowed; did you mean 'p
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import math
 from collections.abc import Iterable
 from numbers import Integral, Real
 from typing import Any
 
 from .errors import ConfigError
+
+
+def installed(key: str, modules: Iterable[str], why: str, extra: str) -> None:
+    """An optional package the setting ``key`` needs: raise, saying ``why`` and which extra of fedring
+    brings it, unless every one of ``modules`` (top-level names) is found. Nothing is imported, so
+    validation stays cheap on ranks that never use it.
+
+    >>> installed("log", ["not_a_module_anywhere"], "x needs the x extra", "x")
+    Traceback (most recent call last):
+    fedring.errors.ConfigError: log: x needs the x extra: pip install 'fedring[x]'
+    """
+    if any(importlib.util.find_spec(module) is None for module in modules):
+        raise ConfigError(key, f"{why}: pip install 'fedring[{extra}]'")
 
 
 def shown(value: Any, limit: int = 60) -> str:

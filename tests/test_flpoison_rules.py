@@ -34,8 +34,6 @@ Blades' rules") and in the rules' docstrings.
 
 from __future__ import annotations
 
-import sys
-
 import h5py
 import numpy as np
 import pytest
@@ -753,7 +751,12 @@ def test_lasa_layers_setting():
 
 @pytest.mark.parametrize("name", ["signguard", "clippedclustering", "flame", "simpleclustering", "auror"])
 def test_a_clustering_rule_without_scikit_learn_names_the_extra(name, monkeypatch):
-    monkeypatch.setitem(sys.modules, "sklearn.cluster", None)
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda module, *a: None if module == "sklearn" else real(module, *a)
+    )
     with pytest.raises(ConfigError, match=rf"aggregator: {name} clusters the clients with scikit-learn: pip install"):
         make_aggregator(name, 0)
 

@@ -3,7 +3,7 @@
 The rules cluster n points (n = clients) described by a few features or by an n x n distance
 matrix, so the work here is O(n^2) whatever the model size. scikit-learn (the ``defences``
 extra: ``pip install fedring[defences]``) is imported on first use; a rule that needs it fails
-at construction, naming the setting, when it is missing.
+at construction, naming the setting, when it is missing (found without importing it).
 """
 
 from __future__ import annotations
@@ -12,19 +12,21 @@ from types import ModuleType
 
 import numpy as np
 
-from fedring.errors import ConfigError
+from fedring.validate import installed
 
 from ._kernels import BLOCK_BYTES, block_width, map_blocks, row_stats
 
 
-def sklearn_cluster(rule: str) -> ModuleType:
-    """``sklearn.cluster``, or a ConfigError naming ``rule`` when scikit-learn is not installed."""
-    try:
-        import sklearn.cluster
-    except ImportError:
-        raise ConfigError(
-            "aggregator", f"{rule} clusters the clients with scikit-learn: pip install 'fedring[defences]'"
-        ) from None
+def require_sklearn(rule: str) -> None:
+    """At construction, before any work: scikit-learn is installed (found, not imported: only rank 0's
+    rule clusters), else a ConfigError naming ``rule`` and the extra."""
+    installed("aggregator", ["sklearn"], f"{rule} clusters the clients with scikit-learn", "defences")
+
+
+def sklearn_cluster() -> ModuleType:
+    """``sklearn.cluster``, imported on first use (:func:`require_sklearn` checked that it is there)."""
+    import sklearn.cluster
+
     return sklearn.cluster
 
 
@@ -40,7 +42,7 @@ def largest_cluster(labels: np.ndarray) -> np.ndarray:
 
 
 def dbscan_labels(points: np.ndarray, eps: float, min_samples: int, metric: str = "euclidean") -> np.ndarray:
-    return sklearn_cluster("dbscan").DBSCAN(eps=eps, min_samples=min_samples, metric=metric).fit(points).labels_
+    return sklearn_cluster().DBSCAN(eps=eps, min_samples=min_samples, metric=metric).fit(points).labels_
 
 
 def meanshift_labels(points: np.ndarray, quantile: float = 0.5, n_samples: int = 50) -> np.ndarray:
@@ -48,7 +50,7 @@ def meanshift_labels(points: np.ndarray, quantile: float = 0.5, n_samples: int =
     ``estimate_bandwidth(quantile=0.5, n_samples=50)`` (its sample drawn with random_state 0),
     bin seeding, orphans left unclustered (-1). Coinciding points (bandwidth 0, which MeanShift
     refuses) form one cluster."""
-    cluster = sklearn_cluster("meanshift")
+    cluster = sklearn_cluster()
     bandwidth = float(cluster.estimate_bandwidth(points, quantile=quantile, n_samples=n_samples))
     if not bandwidth > 0:
         return np.zeros(len(points), np.int64)
@@ -62,7 +64,7 @@ def kmeans_labels(points: np.ndarray, k: int = 2, seed: int = 0, tol: float = 1e
     distinct = len(np.unique(points, axis=0))
     if distinct < k:
         return np.unique(points, axis=0, return_inverse=True)[1].reshape(-1)
-    cluster = sklearn_cluster("kmeans").KMeans(n_clusters=k, random_state=seed, tol=tol, n_init=1)
+    cluster = sklearn_cluster().KMeans(n_clusters=k, random_state=seed, tol=tol, n_init=1)
     return cluster.fit(points).labels_
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from fedring.validate import choice, integer, real
 
-from ._clustering import kmeans_labels_of_columns, sklearn_cluster
+from ._clustering import kmeans_labels_of_columns, require_sklearn, sklearn_cluster
 from ._kernels import combine, for_sorted_columns
 from .base import AggregateResult, Aggregator, register
 
@@ -50,7 +50,7 @@ def sklearn_center_gaps(X: np.ndarray) -> np.ndarray:
         col = np.asarray(X[:, j], np.float64).reshape(-1, 1)
         if np.unique(col).size < 2:
             continue
-        centers = sklearn_cluster("auror").KMeans(n_clusters=2, random_state=0, n_init=1).fit(col).cluster_centers_
+        centers = sklearn_cluster().KMeans(n_clusters=2, random_state=0, n_init=1).fit(col).cluster_centers_
         out[j] = abs(centers[0, 0] - centers[1, 0])
     return out
 
@@ -123,7 +123,7 @@ class Auror(Aggregator):
         self.rounds = integer("auror.rounds", rounds, lo=1)
         self.output = None if output is None else integer("auror.output", output, lo=1)
         self.kmeans = choice("auror.kmeans", kmeans, ("exact", "sklearn"))
-        sklearn_cluster(self.name)
+        require_sklearn(self.name)
 
     def check(self, n):
         if n < 2:

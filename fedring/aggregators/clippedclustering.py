@@ -6,7 +6,7 @@ import numpy as np
 
 from fedring.validate import choice, integer, real
 
-from ._clustering import cosine_distances, inner_products, sklearn_cluster
+from ._clustering import cosine_distances, inner_products, require_sklearn, sklearn_cluster
 from ._kernels import combine
 from .base import AggregateResult, Aggregator, register
 
@@ -59,7 +59,7 @@ class ClippedClustering(Aggregator):
         self.tau = real("clippedclustering.tau", tau, lo=0.0, lo_open=True)
         self.linkage = choice("clippedclustering.linkage", linkage, ("average", "single"))
         self.history = integer("clippedclustering.history", history, lo=1)
-        sklearn_cluster(self.name)
+        require_sklearn(self.name)
 
     def check(self, n):
         if n < 2:
@@ -83,7 +83,7 @@ class ClippedClustering(Aggregator):
         tau = self.threshold(norms, state)
         factor = np.where(norms > tau, tau / (norms + 1e-6), 1.0)
         labels = (
-            sklearn_cluster(self.name)
+            sklearn_cluster()
             .AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage=self.linkage)
             .fit(cosine_distances(G))
             .labels_

@@ -6,14 +6,14 @@ import numpy as np
 
 from fedring.validate import real
 
-from ._clustering import cosine_distances, inner_products, sklearn_cluster
+from ._clustering import cosine_distances, inner_products, require_sklearn, sklearn_cluster
 from ._kernels import combine
 from .base import AggregateResult, Aggregator, register
 
 
 def hdbscan_labels(D: np.ndarray, min_cluster_size: int, min_samples: int = 1) -> np.ndarray:
     """scikit-learn's HDBSCAN on the precomputed distances D with ``allow_single_cluster``, FLAME's call."""
-    cluster = sklearn_cluster("flame").HDBSCAN(
+    cluster = sklearn_cluster().HDBSCAN(
         metric="precomputed",
         min_cluster_size=min_cluster_size,
         min_samples=min_samples,
@@ -67,7 +67,7 @@ class FLAME(Aggregator):
     def __init__(self, f: int = 0, *, noise: float = 0.001):
         super().__init__(f)
         self.noise = real("flame.noise", noise, lo=0.0)
-        sklearn_cluster(self.name)
+        require_sklearn(self.name)
 
     def check(self, n):
         if n < 2:

@@ -6,7 +6,13 @@ import numpy as np
 
 from fedring.validate import choice, integer, real
 
-from ._clustering import dbscan_labels, kmeans_labels, largest_cluster, meanshift_labels, sklearn_cluster
+from ._clustering import (
+    dbscan_labels,
+    kmeans_labels,
+    largest_cluster,
+    meanshift_labels,
+    require_sklearn,
+)
 from ._kernels import combine, row_stats
 from .base import AggregateResult, Aggregator, register
 
@@ -96,7 +102,7 @@ class SignGuard(Aggregator):
         self.clustering = choice("signguard.clustering", clustering, CLUSTERINGS)
         self.eps = real("signguard.eps", eps, lo=0.0, lo_open=True)
         self.min_samples = integer("signguard.min_samples", min_samples, lo=1)
-        sklearn_cluster(self.name)
+        require_sklearn(self.name)
 
     def window(self, rng: np.random.Generator, d: int) -> tuple[int, int]:
         """(start, b): the random window of the sign statistics, the rule's only draw."""

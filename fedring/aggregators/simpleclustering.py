@@ -6,7 +6,7 @@ import numpy as np
 
 from fedring.validate import integer, real
 
-from ._clustering import dbscan_labels, largest_cluster, sklearn_cluster
+from ._clustering import dbscan_labels, largest_cluster, require_sklearn
 from ._kernels import combine, gram
 from .base import AggregateResult, Aggregator, register
 
@@ -49,7 +49,7 @@ class SimpleClustering(Aggregator):
         super().__init__(f)
         self.eps = real("simpleclustering.eps", eps, lo=0.0, lo_open=True)
         self.min_samples = integer("simpleclustering.min_samples", min_samples, lo=1)
-        sklearn_cluster(self.name)
+        require_sklearn(self.name)
 
     def _aggregate(self, X, state, reference, rng):
         keep = largest_cluster(dbscan_labels(np.sqrt(gram(X).sqdist()), self.eps, self.min_samples, "precomputed"))

@@ -4,26 +4,15 @@ benign mean's sign counts)."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 
-from fedring.validate import real
+from fedring.validate import installed, real
 
 from ..errors import ConfigError
 from .base import ATTACKS, AttackContext, ModelAttack, by_columns, known, mean, row_products
 
 #: the angle Blades subtracts at every link of the chain (``- 1e-4`` in ``_chain_attack``)
 CHAIN_STEP = 1e-4
-
-
-def require_sklearn() -> None:
-    """Before any work: scikit-learn is there (found without importing it)."""
-    if importlib.util.find_spec("sklearn") is None:
-        raise ConfigError(
-            "attack",
-            "clippedclustering_attack splits the honest updates with scikit-learn: pip install 'fedring[defences]'",
-        )
 
 
 def single_linkage_labels(distances: np.ndarray) -> np.ndarray:
@@ -139,7 +128,9 @@ class ClippedClusteringAttack(ModelAttack):
     blockwise = True
 
     def __init__(self, scale: float = 10.0, margin: float = 0.1):
-        require_sklearn()
+        installed(
+            "attack", ["sklearn"], "clippedclustering_attack splits the honest updates with scikit-learn", "defences"
+        )
         self.scale = real("attack.scale", scale, lo=0.0, lo_open=True)
         self.margin = real("attack.margin", margin, lo=0.0)
 

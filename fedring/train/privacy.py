@@ -31,7 +31,6 @@ over every round: the guarantee of a client that took part in all of them.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 
 import numpy as np
 
@@ -110,8 +109,8 @@ def from_settings(
 ) -> Privacy:
     """The run's :class:`Privacy`, its settings and their fit with the topology and the rule checked."""
     validate.choice("dp", mode, MODES)
-    if mode != "none" and importlib.util.find_spec("opacus") is None:  # found without importing it (and torch)
-        raise ConfigError("dp", f"{mode} needs Opacus for its privacy accounting: pip install 'fedring[dp]'")
+    if mode != "none":
+        validate.installed("dp", ["opacus"], f"{mode} needs Opacus for its privacy accounting", "dp")
     keys = () if mode == "none" else ("clip", "noise_multiplier", "delta")
     validate.known_keys("dp", f"dp {mode}", section, keys)
     privacy = Privacy(mode, seed=seed, **section)
