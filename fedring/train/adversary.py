@@ -45,12 +45,11 @@ class Adversary:
         net: Network,
         byzantine: np.ndarray,
         attack: ModelAttack | DataAttack | None,
-        f: int,
         reference_rule: ReferenceRule,
         lr_at: Callable[[int], float],
     ):
         self.seed, self.aggregator_name, self.net = cfg.seed, cfg.aggregator, net
-        self.byzantine, self.f = byzantine, f
+        self.byzantine = byzantine
         self.is_byzantine = np.zeros(cfg.n_clients, bool)
         self.is_byzantine[byzantine] = True
         self.model_attack = attack if isinstance(attack, ModelAttack) else None

@@ -108,7 +108,7 @@ class Trainer:
         self.f = defence_f(cfg)
         self.topology = topology_of(parts, self.net, self.byzantine, cfg.seed, self.d)
         self.adversary = Adversary(
-            cfg, self.net, self.byzantine, parts.attack, self.f, self.topology.reference_rule, self.lr_at
+            cfg, self.net, self.byzantine, parts.attack, self.topology.reference_rule, self.lr_at
         )
         data = federated_data(cfg, self.layout.local_clients, self.topology.needs_reference and comm.rank == 0)
         self.server_data = data.server
