@@ -46,7 +46,12 @@ sweep before anything is submitted) and named by a hash: the first 12 hex digits
 SHA-256 of the canonical JSON (sorted keys) of its result-changing settings that differ from
 fedring's defaults, sections included; run-control settings (``out``, ``resume``,
 ``checkpoint_every``, ...) are left out. So key order, spelling a default out, or a new
-fedring setting with a default never changes a name. Changing a default value in fedring
+fedring setting with a default never changes a name. The run control a grid sets
+(:data:`PASSED_ON`: ``log`` and the trackers' ``tensorboard_dir`` and ``mlflow_uri``,
+``checkpoint_every``, ``stop_grace``, ``quiet``) is written into every config file, so every run
+gets it; being in no name, it must be the same in every config of a grid. ``out``,
+``overwrite`` and ``resume`` are the sweep's own (each run's file is ``<hash>.h5``, and
+:func:`plan` resumes or overwrites it): a grid that sets them is refused. Changing a default value in fedring
 does not either: a file whose stored config then differs is reported as a conflict, never
 silently counted as complete. Under ``out_dir``::
 
@@ -81,6 +86,7 @@ from typing import Any
 
 from .config import (
     FIELDS,
+    RUN_CONTROL,
     Config,
     canonical,
     config_differences,
@@ -97,6 +103,11 @@ from .tasks import Task, make_task
 JOBS_DIR = Path(__file__).parent / "jobs"
 HASH_DIGITS = 12
 LAUNCHERS = ("srun", "mpiexec")
+#: run control that a sweep decides for each run: the results file and whether to resume or overwrite it
+SWEEP_OWN = ("out", "overwrite", "resume")
+#: the other run control (``fedring.config.RUN_CONTROL``): steers a run without changing its
+#: results, so it is in no config's name, and a grid's value reaches every run through its config file
+PASSED_ON = tuple(key for key in RUN_CONTROL if key not in SWEEP_OWN)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,15 +277,25 @@ def load_sweep(grid: str | Path, overrides: Sequence[str] = (), sweep_overrides:
         if not sep:
             raise ConfigError("set", f"expected KEY=VALUE, got {item!r}")
         extra[key.strip()] = parse_value(value.strip())
-    configs, hashes = [], []
+    configs: list[Config] = []
+    hashes: list[str] = []
     for base in expand(table):
         for over in expand(extra):
             combo = {**base, **over}
+            own = [key for key in SWEEP_OWN if key in combo]
+            if own:
+                raise ConfigError(
+                    own[0],
+                    f"a sweep sets it for each run (results in <out_dir>/<hash>.h5, resumed or started afresh "
+                    f"as their state says): leave it out of {grid.name} (set [sweep] out_dir)",
+                )
             try:
                 cfg = resolve(combo, settings.ranks, str(grid))
             except ConfigError as e:
                 shown = ", ".join(f"{k}={v!r}" for k, v in combo.items())
                 raise ConfigError(e.key, f"{e.message} (in the config {shown})") from None
+            if configs:
+                _same_run_control(configs[0], cfg)
             h = config_hash(cfg)
             if h not in hashes:  # two spellings of one config run once
                 configs.append(cfg)
@@ -282,6 +303,19 @@ def load_sweep(grid: str | Path, overrides: Sequence[str] = (), sweep_overrides:
     if not configs:
         raise ConfigError("grid", f"{grid} expands to no config")
     return Sweep(grid, settings, configs, hashes)
+
+
+def _same_run_control(first: Config, cfg: Config) -> None:
+    """Refuse run control that differs between two configs of a grid: it is in neither name, so the
+    two would share one results file (or one of them be dropped as a second spelling)."""
+    for key in PASSED_ON:
+        a, b = getattr(first, key), getattr(cfg, key)
+        if a != b:
+            raise ConfigError(
+                key,
+                f"is run control, passed to every run of a sweep alike and in no config's name, so it cannot "
+                f"differ between configs: {a!r} and {b!r} (run two sweeps, with two out_dir)",
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,11 +348,14 @@ def _toml_value(value: Any) -> str:
 
 
 def config_toml(cfg: Config) -> str:
-    """The config's non-default settings as a ``--config`` file."""
+    """The config's non-default settings as a ``--config`` file: those that name it, then its run
+    control (:data:`PASSED_ON`) that differs from the defaults."""
     settings = canonical(cfg)
     sections = settings.pop("sections", {})
+    defaults = Config()
+    control = {key: getattr(cfg, key) for key in PASSED_ON if getattr(cfg, key) != getattr(defaults, key)}
     lines = [f"# fedring config {config_hash(cfg)}"]
-    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in settings.items()]
+    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in {**settings, **control}.items()]
     # A section named like a setting (attack = "x" and attack.sigma) cannot be a TOML table.
     lines += [
         f"{_toml_key(f'{name}.{k}')} = {_toml_value(v)}"

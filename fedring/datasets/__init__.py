@@ -29,7 +29,9 @@ class Dataset:
     (``shakespeare``).
 
     Optional: :meth:`train_users` and :meth:`test_users`, the user (writer, speaking role) of
-    each sample, for data sets that record one (LEAF's); the others return None.
+    each sample, for data sets that record one (LEAF's); the others return None. A natural
+    partition reads the users, not the labels, and then a rank's own rows through
+    :meth:`train_rows` and :meth:`test_rows`.
     """
 
     name = ""
@@ -53,6 +55,17 @@ class Dataset:
 
     def test_images(self, rows: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def train_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The training samples and labels of the sorted sample indices ``rows``, for a partition
+        that needs no labels of other rows (``natural``). By default :meth:`train_images` and
+        :meth:`train_labels` at ``rows``; a data set that can read some rows' labels without all of
+        them overrides it (LEAF's)."""
+        return self.train_images(rows), self.train_labels()[rows]
+
+    def test_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The test samples and labels of the sorted sample indices ``rows``; as :meth:`train_rows`."""
+        return self.test_images(rows), self.test_labels()[rows]
 
     def train_users(self) -> np.ndarray | None:
         """Optional: the user of each training sample as an int64 id, parallel to

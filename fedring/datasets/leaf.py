@@ -59,14 +59,44 @@ def encode_text(strings: list, length: int, path: Path, user: str, key: str) -> 
     return tokens.reshape(len(strings), length)
 
 
+class _Dropped(int):
+    """The length of a user's ``x`` or ``y`` list that the reader dropped as soon as it was parsed
+    (JSON never yields this type: its integers are ``int``)."""
+
+
+def _dropping(keys: tuple[str, ...]):
+    """A ``json.load`` ``object_pairs_hook`` that replaces the lists under ``keys`` of each object (a
+    user's ``x`` and ``y``) by their lengths as the parser closes the object, so a file's parse
+    never holds more than one user's unwanted samples at once."""
+
+    def hook(pairs: list[tuple[str, object]]) -> dict:
+        obj = dict(pairs)
+        for key in keys:
+            value = obj.get(key)
+            if isinstance(value, list):
+                obj[key] = _Dropped(len(value))
+        return obj
+
+    return hook
+
+
+def _length(value: object) -> int | None:
+    """The number of samples in a user's ``x`` or ``y``: a list's or a dropped list's; None for anything else."""
+    if isinstance(value, _Dropped):
+        return int(value)
+    return len(value) if isinstance(value, list) else None
+
+
 class LeafDataset(Dataset):
     """A LEAF data set: the JSON files of ``train/`` and ``test/`` in ``--data-dir`` (LEAF's
     ``data/<name>/data``), else ``$ENV``, else ``DEFAULT_DIR``. A subclass encodes a user's
     ``x`` and ``y`` lists (:meth:`encode_x`, :meth:`encode_y`).
 
-    Reading the labels parses every file of a part once and remembers how many samples each
-    holds, so that reading samples then parses only the files that hold the rows asked for (and
-    encodes only the users that hold them).
+    The index of a part (its users and their sample counts, file by file; what a natural partition
+    needs) parses every file of the part once, dropping each user's samples as soon as they are
+    parsed; reading all labels (:meth:`train_labels`) keeps the ``y`` lists too. Reading samples
+    (:meth:`train_rows`, :meth:`train_images`) then parses only the files that hold the rows asked
+    for, and encodes only the users that hold them. Nothing parsed is kept beyond one file.
     """
 
     train_samples = None  # LEAF's preprocess.sh samples a fraction of the users (--sf, -k, -t)
@@ -88,7 +118,8 @@ class LeafDataset(Dataset):
                 f"data/{self.name}/data folder (which holds train/ and test/) as --data-dir (or set {self.ENV})",
             )
         self._user_ids: dict[str, int] = {}
-        self._scanned: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._indexed: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._labels: dict[str, np.ndarray] = {}
 
     # -- a subclass's encoding of one user's samples ---------------------------------------------
 
@@ -100,11 +131,12 @@ class LeafDataset(Dataset):
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def _users_of(self, path: Path) -> list[tuple[str, dict]]:
-        """``[(user, {"x": [...], "y": [...]}), ...]`` of one file, its structure checked."""
+    def _users_of(self, path: Path, drop: tuple[str, ...] = ()) -> list[tuple[str, int, dict]]:
+        """``[(user, samples, {"x": [...], "y": [...]}), ...]`` of one file, its structure checked;
+        the lists under ``drop`` are replaced by their lengths while the file is parsed."""
         try:
             with open(path, encoding="utf-8") as f:
-                data = json.load(f, parse_float=_FLOAT)
+                data = json.load(f, parse_float=_FLOAT, object_pairs_hook=_dropping(drop) if drop else None)
         except (OSError, ValueError) as e:
             raise ConfigError("data_dir", f"{path} is not a JSON file: {type(e).__name__}: {e}") from None
         if not isinstance(data, dict) or not isinstance(data.get("users"), list):
@@ -117,87 +149,106 @@ class LeafDataset(Dataset):
         out = []
         for i, user in enumerate(data["users"]):
             samples = user_data.get(user) if isinstance(user, str) else None
-            if not isinstance(samples, dict) or not isinstance(samples.get("x"), list):
+            if not isinstance(samples, dict) or (n := _length(samples.get("x"))) is None:
                 raise ConfigError("data_dir", f"{path}: user {user!r} has no samples in 'user_data' (x and y)")
-            x, y = samples["x"], samples.get("y")
-            if not isinstance(y, list) or len(y) != len(x):
+            if _length(samples.get("y")) != n:
                 raise ConfigError("data_dir", f"{path}: user {user}'s x and y are not two lists of one length")
-            if counts is not None and counts[i] != len(y):
+            if counts is not None and counts[i] != n:
                 raise ConfigError(
-                    "data_dir", f"{path}: num_samples says user {user} has {counts[i]} samples, user_data has {len(y)}"
+                    "data_dir", f"{path}: num_samples says user {user} has {counts[i]} samples, user_data has {n}"
                 )
-            out.append((user, samples))
+            out.append((user, n, samples))
         return out
 
-    def _scan(self, part: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(labels, users, samples per file)`` of ``part``, parsed once; the training part first,
-        so that a user has the same id in both parts."""
+    def _scan(self, part: str, labels: bool) -> None:
+        """Parse every file of ``part`` once for its index (and all its labels when ``labels``); the
+        training part's index first, so that a user has the same id in both parts."""
         if part == "test":
-            self._scan("train")
-        if part not in self._scanned:
-            labels, users, per_file = [], [], []
-            for path in self.files[part]:
-                n = 0
-                for user, samples in self._users_of(path):
-                    uid = self._user_ids.setdefault(user, len(self._user_ids))
-                    labels.append(self.encode_y(samples["y"], path, user))
-                    users.append(np.full(len(samples["y"]), uid, np.int64))
-                    n += len(samples["y"])
-                per_file.append(n)
-            empty = np.empty(0, np.int64)
-            self._scanned[part] = (
-                np.concatenate([empty, *labels]),
-                np.concatenate([empty, *users]),
-                np.array(per_file, np.int64),
-            )
-        return self._scanned[part]
+            self._index("train")
+        uids, counts, per_file, ys = [], [], [], []
+        for path in self.files[part]:
+            users = self._users_of(path, drop=("x",) if labels else ("x", "y"))
+            for user, n, samples in users:
+                uids.append(self._user_ids.setdefault(user, len(self._user_ids)))
+                counts.append(n)
+                if labels:
+                    ys.append(self.encode_y(samples["y"], path, user))
+            per_file.append(sum(n for _, n, _ in users))
+        self._indexed[part] = (np.array(uids, np.int64), np.array(counts, np.int64), np.array(per_file, np.int64))
+        if labels:
+            self._labels[part] = np.concatenate([np.empty(0, np.int64), *ys])
 
-    def _samples(self, part: str, rows: np.ndarray) -> np.ndarray:
+    def _index(self, part: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(user id, samples)`` of each entry of the files' ``users`` lists of ``part`` in file order,
+        and the samples per file."""
+        if part not in self._indexed:
+            self._scan(part, labels=False)
+        return self._indexed[part]
+
+    def _all_labels(self, part: str) -> np.ndarray:
+        if part not in self._labels:
+            self._scan(part, labels=True)
+        return self._labels[part]
+
+    def _samples(self, part: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rows = np.asarray(rows, np.int64)
-        per_file = self._scan(part)[2]
+        per_file = self._index(part)[2]
         bounds = np.concatenate([[0], np.cumsum(per_file)])
         if len(rows) and not 0 <= rows[0] <= rows[-1] < bounds[-1]:
             raise IndexError(f"{part} rows must be sorted within 0..{bounds[-1] - 1}")
         out: np.ndarray = np.empty((len(rows), *self.shape), self.SAMPLE_DTYPE)  # filled in row order: no second copy
+        labels = np.empty(len(rows), np.int64)
         for k, path in enumerate(self.files[part]):
             lo, hi = np.searchsorted(rows, bounds[k]), np.searchsorted(rows, bounds[k + 1])
             if hi == lo:
                 continue  # this file holds none of the rows: not parsed
             start = int(bounds[k])
-            for user, samples in self._users_of(path):  # encode only the users that hold rows
-                stop = start + len(samples["y"])
+            for user, n, samples in self._users_of(path):  # encode only the users that hold rows
+                stop = start + n
                 a, b = np.searchsorted(rows, start), np.searchsorted(rows, stop)
                 if b > a:
                     out[a:b] = self.encode_x(samples["x"], path, user)[rows[a:b] - start]
+                    labels[a:b] = self.encode_y(samples["y"], path, user)[rows[a:b] - start]
                 start = stop
             if start != bounds[k + 1]:
                 raise ConfigError("data_dir", f"{path} changed while it was read")
-        return out
+        return out, labels
 
     def train_labels(self) -> np.ndarray:
-        return self._scan("train")[0]
+        return self._all_labels("train")
 
     def train_images(self, rows: np.ndarray) -> np.ndarray:
+        return self._samples("train", rows)[0]
+
+    def train_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The samples and labels of the sorted training rows, from the files that hold them only."""
         return self._samples("train", rows)
 
     def test_labels(self) -> np.ndarray:
-        return self._scan("test")[0]
+        return self._all_labels("test")
 
     def test_images(self, rows: np.ndarray) -> np.ndarray:
+        return self._samples("test", rows)[0]
+
+    def test_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The samples and labels of the sorted test rows, from the files that hold them only."""
         return self._samples("test", rows)
 
     def train_users(self) -> np.ndarray:
-        """Each training sample's user, an id in ``0 .. len(user_names()) - 1``."""
-        return self._scan("train")[1]
+        """Each training sample's user, an id in ``0 .. len(user_names()) - 1``; read from the files'
+        ``users`` and sample counts, without the labels."""
+        uids, counts, _ = self._index("train")
+        return np.repeat(uids, counts)
 
     def test_users(self) -> np.ndarray:
         """Each test sample's user: the id of the same user in :meth:`train_users`; a user with
         test samples only (LEAF's ``-t user`` split) gets an id after the training users'."""
-        return self._scan("test")[1]
+        uids, counts, _ = self._index("test")
+        return np.repeat(uids, counts)
 
     def user_names(self) -> list[str]:
         """LEAF's name of each user id (FEMNIST: the writer, ``f0000_14``; Shakespeare: play and role)."""
-        self._scan("test")
+        self._index("test")
         return list(self._user_ids)
 
 

