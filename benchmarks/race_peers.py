@@ -23,7 +23,10 @@ command line, and a peer that is missing is skipped with a message.
   github.com/fedlib/fedlib; ``Clippedclustering`` gets a list of torch tensors.
 
 Input: n x d float32 rows ``standard_normal`` from a seeded generator, the first n // 8 rows
-scaled by 10 (so filters have work), converted to the peer's type outside the timed region.
+scaled by 10 (so filters have work), converted to the peer's type outside the timed region,
+afresh before each call for a peer that writes into its input (ByzFL's ARC clips the rows of its
+tensor in place, which would otherwise change both sides' input for the later calls, since
+``torch.from_numpy`` shares X's memory).
 FLPoison's rules that read a model get a torch module of zeros holding d parameters, with a
 last layer ``fc`` of 10 x 100 weights and 10 biases (FLAME then clusters the uploads
 themselves; Auror's output block is those 1010 values, fedring's ``auror.output = 1010``;
@@ -37,7 +40,10 @@ C(n, f) subsets: there f = ``--subset-f`` (default 2). Parameters are the peers'
 fedring rule is the ``ENTRIES`` row of ``fedring.bench.aggregators`` named below.
 
 Timing: wall time (``time.perf_counter``) of one call, ``--repeats`` times, the two sides
-interleaved (the order alternates each repeat), median reported. Stateless rules reuse the
+interleaved (the order alternates each repeat), median reported. Before each timed call the
+harness waits ``SETTLE`` = 0.05 s: torch's OpenMP threads spin for 10 to 20 ms after a peer's
+call and would take a core from whichever call came next (measured: fedring's row norms 45%
+slower right after ByzFL's ARC, the same after 20 ms). Stateless rules reuse the
 object. Stateful rules (FoolsGold's history, Auror's rounds, Clipped Clustering's norm history)
 get a fresh object on both sides each repeat, ``--warmup`` untimed calls on the same input
 (default 1), then one timed call: both sides time the same round. The machine's load average is
@@ -93,7 +99,10 @@ RACES: dict[str, tuple[str, str, bool]] = {
     "clippedclustering": ("clippedclustering", "blades", True),
 }
 SUBSET_RULES = {"mda", "smea"}
+# peers that write into their input: ByzFL's ARC clips the rows of the tensor it is given in place
+IN_PLACE = {"arc+mean"}
 SIMPLE_SCALE = 1e-5  # SimpleClustering's input scale (see the module docstring)
+SETTLE = 0.05  # seconds before each timed call, for the other side's spinning threads to stop
 
 # one-line fixes applied to FLPoison's source as it is loaded (see the module docstring)
 _INT_IDX = ("[int(idx) for idx in np.argwhere(", "[int(idx[0]) for idx in np.argwhere(")
@@ -253,7 +262,10 @@ def race_one(race: str, peers: dict, X: np.ndarray, ref: np.ndarray, f: int, rep
                 fed_round(agg, state, 1000 + w)
                 peer(Xp)
         for side in (0, 1) if r % 2 == 0 else (1, 0):
+            if side == 1 and race in IN_PLACE:  # a fresh copy of the input, made outside the timed region
+                Xp = convert(X.copy())
             gc.collect()
+            time.sleep(SETTLE)
             t0 = time.perf_counter()
             if side == 0:
                 fed_round(agg, state, r)

@@ -258,6 +258,59 @@ def run_mpi(
     return proc
 
 
+#: ``python paths.py DIR``: each config of ``CONFIGS`` (with ``COMMON``) on each ``(path, ranks)`` of
+#: ``LAYOUTS``: the device path (``Trainer(host_path=False)``: torch tensors on the CPU) or the host
+#: path, on the job's first ``ranks`` ranks, into ``DIR/{config}-{path}{ranks}.h5``
+PATHS_SCRIPT = """
+import sys
+from mpi4py import MPI
+import fedring.train.trainer as trainer
+from fedring.cli import main
+
+CONFIGS, COMMON, LAYOUTS = {configs!r}, {common!r}, {layouts!r}
+HOST_PATH = [None]
+build = trainer.Trainer.__init__
+
+def init(self, cfg, comm, host_path=None, parts=None):
+    build(self, cfg, comm, HOST_PATH[0], parts)
+
+trainer.Trainer.__init__ = init
+world = MPI.COMM_WORLD
+for path, ranks in LAYOUTS:
+    HOST_PATH[0] = path == "host"
+    comm = world.Split(0 if world.rank < ranks else MPI.UNDEFINED, world.rank)
+    if comm == MPI.COMM_NULL:
+        continue
+    for name, args in CONFIGS.items():
+        code = main(["run", *COMMON, *args, "--out", f"{{sys.argv[1]}}/{{name}}-{{path}}{{ranks}}.h5"], comm=comm)
+        assert code == 0, (name, path, ranks)
+    comm.Free()
+"""
+
+
+def path_runs(out: Path, configs: dict, common: list[str], layouts: list[tuple[str, int]]) -> Path:
+    """:data:`PATHS_SCRIPT`'s runs into ``out`` (one MPI job of as many ranks as the largest layout)."""
+    script = out / "paths.py"
+    script.write_text(PATHS_SCRIPT.format(configs=configs, common=common, layouts=layouts))
+    run_mpi(max(r for _, r in layouts), [str(script), str(out)], timeout=600)
+    return out
+
+
+def file_datasets(path) -> dict:
+    """Every dataset of a results file but the wall-clock ones and the checkpoints, as arrays."""
+    import h5py
+
+    out = {}
+    with h5py.File(path, "r") as f:
+
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset) and not name.startswith("checkpoint") and "wall_seconds" not in name:
+                out[name] = obj[()]
+
+        f.visititems(visit)
+    return out
+
+
 #: ``python pool.py DIR PID``: the ranks of a :class:`Pool`, for test process PID (they end when it is
 #: gone). Request ``K`` is the file ``DIR/req-K.json`` (``{"cwd": ..., "ranks": n, "runs": {name: argv}}``,
 #: or null to stop); the first ``n`` ranks run those command lines one after the other, as ``python -m

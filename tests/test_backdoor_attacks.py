@@ -224,7 +224,7 @@ def test_neurotoxin_on_the_device_path_is_the_host_paths():
         TrainTask(cfg, 1)
         tr = Trainer(cfg, MPI.COMM_WORLD, host_path)
         seen, aggregate = [], tr.topology.aggregate
-        tr.topology.aggregate = lambda rows, *args: (seen.append(rows.copy()), aggregate(rows, *args))[1]
+        tr.topology.aggregate = lambda rows, *args: (seen.append(np.array(rows)), aggregate(rows, *args))[1]
         for t in range(3):
             train_round(tr, t)
         return seen, tr.clients.state[ATTACK_MEMORY]

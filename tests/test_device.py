@@ -13,6 +13,7 @@ import torch
 from conftest import fedring
 from mpi4py import MPI
 
+from fedring import arrays
 from fedring.config import Config
 from fedring.results import ResultsFile, read_checkpoint
 from fedring.train.device import Staging
@@ -87,12 +88,12 @@ def trainer(host_path: bool | None = None, **settings) -> Trainer:
 
 
 def uploads(tr: Trainer, rounds: int) -> list[np.ndarray]:
-    """Each round's uploads, copied before the ring sums into them."""
+    """Each round's uploads (host copies of the device path's tensor rows), copied before the ring sums into them."""
     seen = []
     aggregate = tr.topology.aggregate
 
     def record(grads, *args):
-        seen.append(grads.copy())
+        seen.append(np.array(arrays.host(grads)))
         return aggregate(grads, *args)
 
     tr.topology.aggregate = record

@@ -7,7 +7,7 @@ import json
 import h5py
 import numpy as np
 import pytest
-from conftest import crash_at_round, fedring, fedring_many, run_mpi
+from conftest import crash_at_round, fedring, fedring_many, file_datasets, run_mpi
 
 from fedring.comm import Layout, Network, block_bounds
 from fedring.comm.ring import RingAllReduce
@@ -280,15 +280,7 @@ def runs(tmp_path_factory):
 
 def contents(path) -> dict[str, bytes]:
     """Every dataset of a results file but the wall-clock ones and the checkpoints, as bytes."""
-    out = {}
-    with h5py.File(path, "r") as f:
-
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset) and not name.startswith("checkpoint") and "wall_seconds" not in name:
-                out[name] = obj[()].tobytes()
-
-        f.visititems(visit)
-    return out
+    return {k: v.tobytes() for k, v in file_datasets(path).items()}
 
 
 @pytest.mark.mpi

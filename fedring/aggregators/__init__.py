@@ -14,6 +14,9 @@ with ``pre=["bucketing"]``) or H+'s base rule's (``params={"base": "krum"}``,
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 import numpy as np
 
 from ._kernels import nonfinite_rows
@@ -25,7 +28,10 @@ from .base import (
     PreAggregator,
 )
 
-AGGREGATORS.discover(__name__, __path__)  # every module registers its rules
+# every module registers its rules; the tensor kernels import torch, so they wait for the first tensor
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "_kernels_torch":
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "AGGREGATORS",
@@ -49,6 +55,7 @@ class Pipeline(Aggregator):
         self.needs_reference = rule.needs_reference
         self.selects = rule.selects
         self.client_state = rule.client_state
+        self.on_device = rule.on_device and all(p.on_device for p in self.pre)
         self._rng = np.random.default_rng(0)
 
     def with_f(self, f):
@@ -80,6 +87,13 @@ class Pipeline(Aggregator):
 
     def reads(self):
         return (*(p.name for p in self.pre), *self.rule.reads())
+
+    def _aggregate_checked(self, X, state, reference, rng):
+        if len(self.pre) == 1:  # a stage that feeds this rule without its rows (ARC then the mean)
+            fused = self.pre[0].then_checked(self.rule, X, state, reference, rng)
+            if fused is not None:
+                return fused
+        return super()._aggregate_checked(X, state, reference, rng)
 
     def _aggregate(self, X, state, reference, rng):
         owners = np.arange(X.shape[0])

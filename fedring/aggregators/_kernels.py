@@ -16,6 +16,12 @@ selection along axis 0.
 
 Every pass splits the columns over worker threads (numpy and BLAS release the GIL) and
 needs O(n x block) extra memory per worker, never a copy of the input.
+
+Every kernel also takes a torch tensor, on any device: it then runs there, in
+:mod:`._kernels_torch` (imported on the first tensor, so the host path never imports torch),
+with the same numerical scheme, and returns its small results (Gram matrices, row statistics,
+row quantiles, sign Gram, non-finite rows) as the same numpy arrays; ``combine`` and the
+coordinate-wise blocks stay tensors on the device.
 """
 
 from __future__ import annotations
@@ -23,22 +29,27 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 
-BLOCK_BYTES = 2 << 20  # working block of the Gram pass
+from fedring.arrays import array_namespace, device, is_torch_array
+
+from . import _blocks
+from ._blocks import BLOCK_BYTES, Gram, block_width, blocks, lerp_quantile
+
+T = TypeVar("T")
 SORT_BYTES = 1 << 20  # transposed block of the coordinate-wise sorts (fits in L2)
+ROW_RUN_BYTES = 1 << 20  # a column block's running row sum (stays in L2 while the rows stream past)
 
 
-def block_width(rows: int, itemsize: int = 8, budget: int = BLOCK_BYTES) -> int:
-    return max(256, budget // max(1, rows * itemsize))
+def _torch():
+    """The tensor kernels, imported when the first tensor arrives."""
+    from . import _kernels_torch
 
-
-def blocks(d: int, width: int) -> Iterator[slice]:
-    for s in range(0, d, width):
-        yield slice(s, min(d, s + width))
+    return _kernels_torch
 
 
 # --------------------------------------------------------------------------------------
@@ -110,75 +121,73 @@ def map_blocks(task: Callable[[list[slice]], object], d: int, width: int) -> lis
     return list(_pool_executor().map(task, runs))
 
 
+def map_columns(X, task: Callable[[list[slice]], object], budget: int = BLOCK_BYTES) -> None:
+    """Run ``task(slices)`` over the column blocks of X: :func:`map_blocks` over blocks of ``budget``
+    bytes on the host; on a tensor's device, one call with every block (the device queues the work)."""
+    if is_torch_array(X):
+        return _torch().map_columns(X, task)
+    n, d = X.shape
+    map_blocks(task, d, block_width(n, X.itemsize, budget))
+
+
+def small(a: np.ndarray, X) -> np.ndarray:
+    """The small host array ``a`` in X's dtype, an array of X's kind on X's device (``a.astype(X.dtype)``)."""
+    if is_torch_array(X):
+        return _torch().small(a, X)
+    return a.astype(X.dtype)
+
+
+def empty_row(X):
+    """An uninitialised (d,) array of X's kind, dtype and device."""
+    return array_namespace(X).empty(X.shape[1], dtype=X.dtype, device=device(X))
+
+
+def zero_row(X):
+    """The (d,) zero vector of X's kind, dtype and device."""
+    return array_namespace(X).zeros(X.shape[1], dtype=X.dtype, device=device(X))
+
+
+def sort_rows(M):
+    """M with each row sorted: a contiguous copy sorted in place on the host, ``torch.sort`` on a device."""
+    if is_torch_array(M):
+        return _torch().sort_rows(M)
+    T = np.ascontiguousarray(M)
+    T.sort(axis=1)
+    return T
+
+
+def ratio(num, den):
+    """``num / den`` where ``den > 0``, else 0, in num's dtype (per column of a block)."""
+    if is_torch_array(num):
+        return _torch().ratio(num, den)
+    return np.divide(num, den, out=np.zeros(len(den), num.dtype), where=den > 0)
+
+
+def sqnorm(v) -> float:
+    """``<v, v>`` of a (d,) array in float64 (a tensor's on its device)."""
+    if is_torch_array(v):
+        v = v.double()
+        return float(v @ v)
+    v = v.astype(np.float64)
+    return float(np.dot(v, v))
+
+
+def background(task: Callable[..., T], *args) -> Future[T]:
+    """``task(*args)`` on a worker thread of the passes (for work that overlaps a pass of the caller's)."""
+    return _pool_executor().submit(task, *args)
+
+
 def map_rows(task: Callable[[range], object], n: int) -> list:
     """Run ``task(rows)`` on a partition of range(n) into one contiguous run per worker."""
     k = max(1, min(n, n_workers()))
     return list(_pool_executor().map(task, [range(i * n // k, (i + 1) * n // k) for i in range(k)]))
 
 
-def pivot_row(X: np.ndarray, chunks: int = 16, width: int = 128) -> int:
-    """Index of the row with the least summed distance to the others on a column sample.
-
-    The sample is ``chunks`` runs of ``width`` contiguous columns spread evenly over d
-    (contiguous runs read whole cache lines; spread runs see every part of the model).
-    """
-    n, d = X.shape
-    if n <= 2:
-        return 0
-    if d <= chunks * width:
-        S = X.astype(np.float64)
-    else:
-        starts = np.linspace(0, d - width, chunks).astype(np.int64)
-        S = np.concatenate([X[:, s : s + width] for s in starts], axis=1).astype(np.float64)
-    S -= S[0]
-    sq = np.einsum("ij,ij->i", S, S)
-    D = sq[:, None] + sq[None, :] - 2.0 * (S @ S.T)
-    return int(np.sqrt(np.maximum(D, 0.0)).sum(axis=1).argmin())
-
-
-class Gram:
-    """Inner products of rows r_0..r_{m-1} (clients, then extra rows) around a pivot p.
-
-    ``C[i, j] = <r_i - p, r_j - p>``, ``h[i] = <r_i - p, p>``, ``pp = <p, p>``.
-    """
-
-    def __init__(self, C: np.ndarray, h: np.ndarray, pp: float):
-        self.C, self.h, self.pp = C, h, pp
-
-    @property
-    def m(self) -> int:
-        return self.C.shape[0]
-
-    def sqdist(self) -> np.ndarray:
-        """(m, m) squared Euclidean distances, exact zero diagonal."""
-        dg = np.diag(self.C)
-        D = dg[:, None] + dg[None, :] - 2.0 * self.C
-        np.maximum(D, 0.0, out=D)
-        np.fill_diagonal(D, 0.0)
-        return D
-
-    def inner(self) -> np.ndarray:
-        """(m, m) plain inner products ``<r_i, r_j>``."""
-        return self.C + self.h[:, None] + self.h[None, :] + self.pp
-
-    def dist2_to_rows(self, W: np.ndarray) -> np.ndarray:
-        """Squared distances from the affine combinations ``W @ R`` (rows of W sum to 1) to every row.
-
-        Returns (k, m) for W of shape (k, m), or (m,) for a single combination.
-        """
-        W = np.asarray(W, dtype=np.float64)
-        single = W.ndim == 1
-        W = np.atleast_2d(W)
-        CW = W @ self.C
-        quad = np.einsum("km,km->k", CW, W)
-        D = quad[:, None] - 2.0 * CW + np.diag(self.C)[None, :]
-        np.maximum(D, 0.0, out=D)
-        return D[0] if single else D
-
-    def dist2_between(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
-        """Squared distances between paired affine combinations ``A[k] @ R`` and ``B[k] @ R``."""
-        E = np.atleast_2d(np.asarray(A, np.float64) - np.asarray(B, np.float64))
-        return np.maximum(np.einsum("km,mj,kj->k", E, self.C, E), 0.0)
+def pivot_row(X, chunks: int = 16, width: int = 128) -> int:
+    """:func:`._blocks.pivot_row` of X (either kind): a tensor's column sample is read on its device."""
+    if is_torch_array(X):
+        return _torch().pivot_row(X, chunks, width)
+    return _blocks.pivot_row(X, chunks, width)
 
 
 def gram(X: np.ndarray, extra: np.ndarray | None = None) -> Gram:
@@ -189,6 +198,8 @@ def gram(X: np.ndarray, extra: np.ndarray | None = None) -> Gram:
     keeps the rounding proportional to the rows' distances from the pivot, so distances
     between nearby rows keep about float32 relative accuracy whatever the outliers.
     """
+    if is_torch_array(X):
+        return _torch().gram(X, extra)
     n, d = X.shape
     k = 0 if extra is None else extra.shape[0]
     m = n + k
@@ -220,6 +231,8 @@ def gram(X: np.ndarray, extra: np.ndarray | None = None) -> Gram:
 
 def combine(w: np.ndarray, X: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
     """``w @ [X; extra]`` in X's dtype (w: (m,) or (k, m)), one parallel BLAS pass."""
+    if is_torch_array(X):
+        return _torch().combine(w, X, extra)
     n, d = X.shape
     w = np.asarray(w, dtype=np.float64)
     wx = w[..., :n].astype(X.dtype)
@@ -236,6 +249,44 @@ def combine(w: np.ndarray, X: np.ndarray, extra: np.ndarray | None = None) -> np
     return out
 
 
+def scaled_mean(X: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The mean of the rows of X, each first multiplied by ``scale[i]`` (in X's dtype), in X's dtype.
+
+    The bits of ``(X * scale[:, None].astype(X.dtype)).mean(axis=0)`` without the scaled copy, in
+    one parallel pass over column blocks: for d > 1 numpy reduces axis 0 row after row (the
+    first row, then each next one added), which each block repeats in place, multiplying only
+    the rows whose scale is not 1; the division is elementwise. (For d = 1 numpy sums the column
+    pairwise: that case takes numpy's own path.)
+
+    >>> scaled_mean(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), np.array([1.0, 0.5])).tolist()
+    [1.25, 2.0]
+    """
+    if is_torch_array(X):
+        return _torch().scaled_mean(X, scale)
+    n, d = X.shape
+    sc = scale.astype(X.dtype)
+    if d == 1:
+        return (X * sc[:, None]).mean(axis=0)
+    out = np.empty(d, X.dtype)
+    width = min(d, ROW_RUN_BYTES // X.itemsize)
+
+    def task(sls):
+        tmp = np.empty(width, X.dtype)
+        for sl in sls:
+            acc, t = out[sl], tmp[: sl.stop - sl.start]
+            np.multiply(X[0, sl], sc[0], out=acc)
+            for i in range(1, n):
+                if sc[i] == 1:
+                    np.add(acc, X[i, sl], out=acc)
+                else:
+                    np.multiply(X[i, sl], sc[i], out=t)
+                    np.add(acc, t, out=acc)
+            np.true_divide(acc, np.intp(n), out=acc, casting="unsafe")  # as ndarray.mean divides
+
+    map_blocks(task, d, width)
+    return out
+
+
 def nonfinite_rows(X: np.ndarray) -> np.ndarray:
     """(n,) bool: the rows of X that hold a NaN or an infinity, in one blocked pass.
 
@@ -245,6 +296,8 @@ def nonfinite_rows(X: np.ndarray) -> np.ndarray:
     >>> nonfinite_rows(np.array([[1.0, 2.0], [np.nan, 0.0], [3e38, 3e38], [-np.inf, 1.0]], np.float32)).tolist()
     [False, True, False, True]
     """
+    if is_torch_array(X):
+        return _torch().nonfinite_rows(X)
     n, d = X.shape
 
     def task(sls):
@@ -262,6 +315,8 @@ def nonfinite_rows(X: np.ndarray) -> np.ndarray:
 
 def row_stats(X: np.ndarray, R: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Squared row norms of X and, if R (k, d) is given, the dots ``X @ R.T``; float64, one pass."""
+    if is_torch_array(X):
+        return _torch().row_stats(X, R)
     n, d = X.shape
     k = 0 if R is None else R.shape[0]
 
@@ -286,6 +341,8 @@ def for_sorted_columns(X: np.ndarray, fn: Callable[[slice, np.ndarray], None], s
     With ``scale`` (n,), the values sorted are ``|x_ij| * scale_i``. T is a (width, n) buffer
     reused by the worker: ``fn`` must copy what it keeps (it writes into disjoint slices).
     """
+    if is_torch_array(X):
+        return _torch().for_sorted_columns(X, fn, scale)
     n, d = X.shape
     width = min(d, block_width(n, X.itemsize, SORT_BYTES))
     sc = None if scale is None else scale[:, None].astype(X.dtype)
@@ -301,14 +358,10 @@ def for_sorted_columns(X: np.ndarray, fn: Callable[[slice, np.ndarray], None], s
     map_blocks(task, d, width)
 
 
-def lerp_quantile(lo_val: float, hi_val: float, frac: float) -> float:
-    """numpy's linear-interpolation formula (method='linear'), so results match np.quantile."""
-    diff = hi_val - lo_val
-    return hi_val - diff * (1.0 - frac) if frac >= 0.5 else lo_val + diff * frac
-
-
 def abs_row_quantiles(X: np.ndarray, q: float) -> np.ndarray:
     """Exact ``np.quantile(|X[i]|, q)`` (linear interpolation) for every row, O(d) per row."""
+    if is_torch_array(X):
+        return _torch().abs_row_quantiles(X, q)
     n, d = X.shape
     pos = q * (d - 1)
     lo = int(np.floor(pos))
@@ -333,6 +386,8 @@ def sign_gram(X: np.ndarray) -> np.ndarray:
 
     float32 BLAS on the sign block is exact: every partial sum is an integer below 2^24.
     """
+    if is_torch_array(X):
+        return _torch().sign_gram(X)
     n, d = X.shape
     width = min(d, block_width(n, 4))
 
@@ -350,16 +405,22 @@ def sign_gram(X: np.ndarray) -> np.ndarray:
 
 def column_count(mask: np.ndarray) -> np.ndarray:
     """Number of True entries per column of a boolean (n, w) block (int8 view: no float casts)."""
+    if is_torch_array(mask):
+        return _torch().column_count(mask)
     return mask.view(np.int8).sum(axis=0, dtype=np.int32)
 
 
 def column_sign_sum(B: np.ndarray) -> np.ndarray:
     """sum_i sgn(B_ij) per column, exact, as counts of positives minus negatives."""
+    if is_torch_array(B):
+        return _torch().column_sign_sum(B)
     return column_count(B > 0) - column_count(B < 0)
 
 
 def signs(B: np.ndarray, dtype=np.float32) -> np.ndarray:
     """sgn(B) as a float matrix, from two comparisons (faster than np.sign)."""
+    if is_torch_array(B):
+        return _torch().signs(B, dtype)
     return ((B > 0).view(np.int8) - (B < 0).view(np.int8)).astype(dtype)
 
 

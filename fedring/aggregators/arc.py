@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._kernels import row_stats
-from .base import PreAggregator, register_pre
+from ._kernels import row_stats, scaled_mean, small
+from .base import AggregateResult, PreAggregator, nonfinite_from_norms, register_pre
+from .coordinatewise import Mean
 
 
 def arc_clipped(n: int, f: int) -> int:
@@ -47,20 +48,40 @@ class ARC(PreAggregator):
     """
 
     name = "arc"
+    on_device = True
 
     def check(self, n):
         if self.f > n:
             return f"arc needs f <= n, got n={n}, f={self.f}"
         return super().check(n)
 
-    def transform(self, X, rng):
-        n = X.shape[0]
+    def factors(self, sq: np.ndarray) -> np.ndarray:
+        """The rows' scale factors, from their squared norms ``sq``: 1, or the threshold over the norm."""
+        n = sq.shape[0]
         k = arc_clipped(n, self.f)
-        if k == 0:
-            return X, np.arange(n)
-        norms = np.sqrt(row_stats(X)[0])
-        threshold = np.sort(norms)[n - k - 1]
         factor = np.ones(n)
+        if k == 0:
+            return factor
+        norms = np.sqrt(sq)
+        threshold = np.sort(norms)[n - k - 1]
         over = norms > threshold
         factor[over] = threshold / norms[over]
-        return X * factor[:, None].astype(X.dtype), np.arange(n)
+        return factor
+
+    def transform(self, X, rng):
+        n = X.shape[0]
+        if arc_clipped(n, self.f) == 0:
+            return X, np.arange(n)
+        return X * small(self.factors(row_stats(X)[0])[:, None], X), np.arange(n)
+
+    def then_checked(self, rule, X, state, reference, rng):
+        """The mean of the clipped rows, the bits of ``Mean`` on ``transform(X)``, in one pass
+        after the norms' (which also show which rows are finite), without the clipped copy."""
+        if type(rule) is not Mean:
+            return None
+        sq = row_stats(X)[0]
+        excluded = nonfinite_from_norms(X, sq)
+        if excluded.any():
+            return excluded
+        clipped = arc_clipped(X.shape[0], self.f) > 0
+        return AggregateResult(scaled_mean(X, self.factors(sq)) if clipped else X.mean(axis=0))

@@ -60,6 +60,8 @@ class Auror(Aggregator):
     r"""Auror: find the "indicative" coordinates where the clients split into two distant groups,
     then keep the majority of a 2-means clustering on those coordinates.
 
+    Runs on the host: its per-coordinate 2-means (exact, or scikit-learn's KMeans) is numpy code.
+
     1. During the first ``rounds`` rounds, each round: per coordinate j of the block (the last
        ``output`` coordinates), 2-means on the n values :math:`x_{1j}..x_{nj}`; j is indicative
        when the two centres are at least ``threshold`` apart. The set is then kept for the rest

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from fedring.arrays import array_namespace, device, host, is_torch_array, like, on_host
 from fedring.registry import Registry
 from fedring.validate import integer
 
@@ -23,21 +24,32 @@ register_pre = PRE_AGGREGATORS.register
 class AggregateResult(NamedTuple):
     """What one aggregation call returns.
 
-    vector : (d,) array in the input dtype, always finite for finite input; the loop applies
-        ``w <- w - lr * vector``.
+    vector : (d,) array of the input's kind (numpy, or a tensor on the rows' device) in the input
+        dtype, always finite for finite input; the loop applies ``w <- w - lr * vector``.
     selected : (n,) float weights in [0, 1] (1 = kept / fully trusted) for rules that select
         or weight clients (``selects``), else None.
     excluded : (n,) bool, the rows left out because they held NaN or an infinity (None when
         every row was finite).
     """
 
-    vector: np.ndarray
+    vector: Any
     selected: np.ndarray | None = None
     excluded: np.ndarray | None = None
 
 
-def as_matrix(X: Any) -> np.ndarray:
-    """(n, d) float32/float64 view of the client rows; other numeric types become float64."""
+def as_matrix(X: Any) -> Any:
+    """(n, d) float32/float64 view of the client rows; other numeric types become float64.
+
+    A torch tensor stays a tensor on its device (an integer or boolean one becomes float64 there).
+    """
+    if is_torch_array(X):
+        if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1:
+            raise ValueError(f"expected an (n, d) matrix of client vectors with n, d >= 1, got shape {tuple(X.shape)}")
+        if not X.dtype.is_floating_point or X.dtype.itemsize < 4:
+            if X.dtype.is_complex:
+                raise ValueError(f"client vectors must be real, got dtype {X.dtype}")
+            X = array_namespace(X).astype(X, array_namespace(X).float64)
+        return X
     X = np.asarray(X)
     if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1:
         raise ValueError(f"expected an (n, d) matrix of client vectors with n, d >= 1, got shape {X.shape}")
@@ -48,17 +60,41 @@ def as_matrix(X: Any) -> np.ndarray:
     return X
 
 
+def nonfinite_from_norms(X: Any, sq: np.ndarray) -> np.ndarray:
+    """``nonfinite_rows(X)`` from the rows' float64 squared norms ``sq``, a pass a rule makes anyway.
+
+    A row's squared norm is NaN or infinite when the row holds NaN or an infinity, and finite
+    otherwise unless the squares overflow (float64 rows of norm above 1e154; never for float32
+    rows), so only the rows with a non-finite ``sq`` are checked value by value.
+
+    >>> X = np.array([[1.0, 2.0], [np.nan, 0.0], [1e200, 0.0], [-np.inf, 1.0]])
+    >>> nonfinite_from_norms(X, np.array([5.0, np.nan, np.inf, np.inf])).tolist()
+    [False, True, False, True]
+    """
+    excluded = ~np.isfinite(sq)
+    if excluded.any():
+        suspect = np.flatnonzero(excluded)
+        excluded[suspect] = nonfinite_rows(X[suspect])
+    return excluded
+
+
 @AGGREGATORS.base
 class Aggregator:
     """Base class of every server-side rule.
 
     Subclasses set ``name``, validate their parameters in ``__init__`` (keyword-only, each
-    with its default) and implement ``_aggregate``. ``aggregate`` validates the input and
-    calls ``check`` so a misconfigured rule fails before doing any work.
+    with its default) and implement ``_aggregate`` (or ``_aggregate_checked``, which also finds
+    the non-finite rows). ``aggregate`` validates the input and calls ``check`` so a
+    misconfigured rule fails before doing any work.
 
     Randomised rules draw only from the ``rng`` passed to ``aggregate``; without one they
     use a private ``numpy.random.Generator`` seeded with 0 at construction, so a run is
     reproducible either way.
+
+    Rows on a device (a torch tensor) stay there when the rule is ``on_device``: its kernels run
+    on the rows' device and ``vector`` is a tensor there, in the rows' dtype. A rule that is not
+    copies the rows to the host once, runs on numpy and returns its vector on the rows' device.
+    ``selected``, ``excluded`` and the state arrays are numpy either way.
 
     Non-finite input (every rule, the same policy): a row holding NaN or an infinity was
     sent by a Byzantine client (an honest gradient is finite), so it is left out before the
@@ -79,6 +115,8 @@ class Aggregator:
     selects: bool = False
     #: state arrays kept per client: name -> the axis that indexes clients
     client_state: Mapping[str, int] = {}
+    #: the rule runs on the rows' device (else on a host copy of a tensor's rows)
+    on_device: bool = False
 
     def __init__(self, f: int = 0):
         self.f = integer("f", f, lo=0)
@@ -113,30 +151,50 @@ class Aggregator:
         self,
         X: Any,
         state: dict | None = None,
-        reference: np.ndarray | None = None,
+        reference: Any = None,
         rng: np.random.Generator | None = None,
     ) -> AggregateResult:
         X = as_matrix(X)
+        if not (on_host(X) or self.on_device):  # one copy to the host, the vector back to the rows' device
+            result = self.aggregate(host(X), state, host(reference) if is_torch_array(reference) else reference, rng)
+            return result._replace(vector=like(result.vector, X))
         n, d = X.shape
         reason = self.check(n)
         if reason is not None:
             raise ValueError(f"{self.name}: {reason}")
         if reference is not None:
-            reference = np.asarray(reference)
-            if reference.shape != (d,):
-                raise ValueError(f"{self.name}: reference must have shape ({d},), got {reference.shape}")
+            if on_host(X):
+                reference = np.asarray(host(reference) if is_torch_array(reference) else reference)
+            else:
+                reference = array_namespace(X).asarray(reference, device=device(X))
+            if tuple(reference.shape) != (d,):
+                raise ValueError(f"{self.name}: reference must have shape ({d},), got {tuple(reference.shape)}")
         elif self.needs_reference:
             raise ValueError(f"{self.name} needs the server's reference gradient (reference=...)")
         if state is None:
             state = self.init_state(n, d)
         rng = rng if rng is not None else self._rng
+        checked = self._aggregate_checked(X, state, reference, rng)
+        if not isinstance(checked, AggregateResult):
+            return self._aggregate_finite_rows(X, checked, state, reference, rng)
+        if on_host(X):
+            vector = np.asarray(checked.vector, dtype=X.dtype)
+        else:
+            vector = array_namespace(X).asarray(checked.vector, dtype=X.dtype, device=device(X))
+        selected = None if checked.selected is None else np.asarray(checked.selected, dtype=np.float64)
+        return AggregateResult(vector, selected)
+
+    def _aggregate_checked(
+        self, X: Any, state: dict, reference, rng: np.random.Generator
+    ) -> AggregateResult | np.ndarray:
+        """``_aggregate`` on X when every row is finite, else the (n,) bool of the rows holding NaN or
+        an infinity (``nonfinite_rows``), found before anything is drawn from ``rng`` or written to
+        ``state``. A rule whose own first pass over X shows that every row is finite (row norms:
+        :func:`nonfinite_from_norms`; column sums) overrides this to spare the separate pass."""
         excluded = nonfinite_rows(X)
         if excluded.any():
-            return self._aggregate_finite_rows(X, excluded, state, reference, rng)
-        result = self._aggregate(X, state, reference, rng)
-        vector = np.asarray(result.vector, dtype=X.dtype)
-        selected = None if result.selected is None else np.asarray(result.selected, dtype=np.float64)
-        return AggregateResult(vector, selected)
+            return excluded
+        return self._aggregate(X, state, reference, rng)
 
     def _aggregate_finite_rows(self, X, excluded, state, reference, rng) -> AggregateResult:
         """The non-finite policy (class docstring): the rule on the finite rows, told ``f - e``."""
@@ -145,7 +203,7 @@ class Aggregator:
         rule = self.with_f(max(self.f - (n - keep.size), 0))
         selected = np.zeros(n) if self.selects else None
         if keep.size == 0 or rule.check(keep.size) is not None:
-            return AggregateResult(np.zeros(d, X.dtype), selected, excluded)
+            return AggregateResult(array_namespace(X).zeros(d, dtype=X.dtype, device=device(X)), selected, excluded)
         result = self.aggregate_part(rule, X[keep], keep, state, reference, rng)
         if selected is not None:
             selected[keep] = result.selected
@@ -168,10 +226,10 @@ class Aggregator:
                 state[key] = value
         return result
 
-    def __call__(self, X: Any, **kw) -> np.ndarray:
+    def __call__(self, X: Any, **kw) -> Any:
         return self.aggregate(X, **kw).vector
 
-    def _aggregate(self, X: np.ndarray, state: dict, reference, rng: np.random.Generator) -> AggregateResult:
+    def _aggregate(self, X: Any, state: dict, reference, rng: np.random.Generator) -> AggregateResult:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -192,6 +250,8 @@ class PreAggregator:
     name: ClassVar[str] = ""
     #: the output has one row per input row (so per-client state behind it stays aligned)
     keeps_rows: ClassVar[bool] = True
+    #: ``transform`` runs on the rows' device (a Pipeline is on the device when all its stages are)
+    on_device: ClassVar[bool] = False
 
     def __init__(self, f: int = 0):
         self.f = integer("f", f, lo=0)
@@ -204,5 +264,13 @@ class PreAggregator:
     def out_rows(self, n: int) -> int:
         return n
 
-    def transform(self, X: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def transform(self, X: Any, rng: np.random.Generator) -> tuple[Any, np.ndarray]:
         raise NotImplementedError
+
+    def then_checked(
+        self, rule: Aggregator, X: Any, state: dict, reference, rng
+    ) -> AggregateResult | np.ndarray | None:
+        """``rule`` on ``transform(X)`` without materialising those rows, with the non-finite check of
+        ``Aggregator._aggregate_checked`` on X, and ``selected`` per client; None where this
+        stage has no such path for ``rule`` (a Pipeline of this stage and ``rule`` then runs both)."""
+        return None

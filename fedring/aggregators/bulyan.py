@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._kernels import for_sorted_columns, gram
+from fedring.arrays import array_namespace, device
+
+from ._kernels import empty_row, for_sorted_columns, gram
 from .base import AggregateResult, Aggregator, register
 from .krum import krum_scores
 
@@ -31,6 +33,7 @@ class Bulyan(Aggregator):
 
     name = "bulyan"
     selects = True
+    on_device = True
 
     def check(self, n):
         if n < 4 * self.f + 3:
@@ -52,21 +55,23 @@ class Bulyan(Aggregator):
         return np.array(sorted(chosen))
 
     def _aggregate(self, X, state, reference, rng):
-        n, d = X.shape
+        n = X.shape[0]
         chosen = self.select(gram(X).sqdist()) if self.f else np.arange(n)
         S = X[chosen] if self.f else X
         theta = len(chosen)
         beta = theta - 2 * self.f
-        out = np.empty(d, X.dtype)
+        xp, dev = array_namespace(X), device(X)
+        out = empty_row(X)
         lo, hi = (theta - 1) // 2, theta // 2
-        starts = np.arange(theta - beta + 1)
+        starts = xp.arange(theta - beta + 1, device=dev)
+        run = xp.arange(beta, device=dev)
 
         def fn(sl, T):
             med = 0.5 * (T[:, lo] + T[:, hi])
             # window [s, s + beta): its farthest member from the median decides how close it is
-            reach = np.maximum(med[:, None] - T[:, starts], T[:, starts + beta - 1] - med[:, None])
-            window = reach.argmin(axis=1)[:, None] + np.arange(beta)
-            out[sl] = np.take_along_axis(T, window, axis=1).sum(axis=1) / beta
+            reach = xp.maximum(med[:, None] - T[:, starts], T[:, starts + beta - 1] - med[:, None])
+            window = xp.argmin(reach, axis=1)[:, None] + run
+            out[sl] = xp.take_along_axis(T, window, axis=1).sum(axis=1) / beta
 
         for_sorted_columns(S, fn)
         selected = np.zeros(n)

@@ -113,6 +113,7 @@ class CAF(Aggregator):
     """
 
     name = "caf"
+    on_device = True
     selects = True
 
     def __init__(self, f: int = 0, *, variant: str = "weighted", max_iter: int = 1000):

@@ -7,9 +7,10 @@ import math
 
 import numpy as np
 
+from fedring.arrays import host_into
 from fedring.validate import choice, integer, real
 
-from ._kernels import combine, gram
+from ._kernels import combine, gram, small
 from .base import AggregateResult, Aggregator, register
 
 
@@ -65,6 +66,7 @@ class CenteredClipping(Aggregator):
 
     name = "cclip"
     selects = True
+    on_device = True
 
     def __init__(
         self, f: int = 0, *, tau: float = 100.0, iters: int | None = None, bucketing: str = "none", bucket_size: int = 2
@@ -101,8 +103,8 @@ class CenteredClipping(Aggregator):
                 w = w * (1.0 - c.mean()) + (c / len(buckets)) @ U
             for b, members in enumerate(buckets):
                 client_factor[members] = c[b]
-        out = combine(w, X, center[None, :].astype(X.dtype))
-        state["center"][...] = out
+        out = combine(w, X, small(center[None, :], X))
+        host_into(out, state["center"])
         return AggregateResult(out, client_factor)
 
     def _sequential(self, G, n, w, client_factor, rng, prev_norm):

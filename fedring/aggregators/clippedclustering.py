@@ -16,6 +16,8 @@ class ClippedClustering(Aggregator):
     r"""Clipped clustering: clip to the median of every norm seen so far, split the clients in two
     by agglomerative clustering of their cosine distances, average the larger group.
 
+    Runs on the host: scikit-learn's agglomerative clustering splits the clients.
+
     Each round the clients' norms join the history H of norms, :math:`\tau = \min(\mathrm{median}(H),
     \tau_{\max})`, and a row longer than :math:`\tau` is scaled by :math:`\tau / (\|x_i\| + 10^{-6})`
     (Blades' ``clip_tensor_norm_``). The cosine distances :math:`1 - \cos(x_i, x_j)` of the

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
+import numpy as np  # noqa: F401 (the doctests)
 
 from fedring.errors import ConfigError
 from fedring.validate import choice, integer, real
 
-from ._kernels import for_sorted_columns
+from ._kernels import empty_row, for_sorted_columns
 from .base import AggregateResult, Aggregator, register
 
 
@@ -24,6 +24,7 @@ class Mean(Aggregator):
     """
 
     name = "mean"
+    on_device = True
 
     def _aggregate(self, X, state, reference, rng):
         return AggregateResult(X.mean(axis=0))
@@ -53,14 +54,15 @@ class Median(Aggregator):
     """
 
     name = "median"
+    on_device = True
 
     def __init__(self, f: int = 0, *, variant: str = "average"):
         super().__init__(f)
         self.variant = choice("median.variant", variant, ("average", "lower"))
 
     def _aggregate(self, X, state, reference, rng):
-        n, d = X.shape
-        out = np.empty(d, X.dtype)
+        n = X.shape[0]
+        out = empty_row(X)
         lo, hi = (n - 1) // 2, n // 2
         lower = self.variant == "lower" or lo == hi
 
@@ -95,6 +97,7 @@ class TrimmedMean(Aggregator):
     """
 
     name = "trimmed_mean"
+    on_device = True
 
     def __init__(self, f: int = 0, *, trim: int | None = None, fraction: float | None = None):
         super().__init__(f)
@@ -115,11 +118,11 @@ class TrimmedMean(Aggregator):
         return super().check(n)
 
     def _aggregate(self, X, state, reference, rng):
-        n, d = X.shape
+        n = X.shape[0]
         b = self.per_side(n)
         if b == 0:
             return AggregateResult(X.mean(axis=0))
-        out = np.empty(d, X.dtype)
+        out = empty_row(X)
 
         def fn(sl, T):
             out[sl] = T[:, b : n - b].sum(axis=1) / (n - 2 * b)

@@ -70,6 +70,7 @@ class CopodDos(Aggregator):
     """
 
     name = "copod"
+    on_device = True
     selects = True
 
     def __init__(self, f: int = 0, *, variant: str = "halved"):

@@ -6,6 +6,7 @@ import numpy as np
 
 from fedring.validate import real
 
+from ._kernels import background, nonfinite_rows, small, sqnorm
 from .base import AggregateResult, Aggregator, register
 
 
@@ -37,6 +38,7 @@ class CRFL(Aggregator):
     """
 
     name = "crfl"
+    on_device = True
 
     def __init__(self, f: int = 0, *, threshold: float = 3.0, noise: float = 0.001):
         super().__init__(f)
@@ -46,11 +48,30 @@ class CRFL(Aggregator):
     def clipped_mean(self, X: np.ndarray) -> np.ndarray:
         """The deterministic part: the mean clipped to norm ρ."""
         mean = X.mean(axis=0)
-        norm = float(np.sqrt(np.dot(mean.astype(np.float64), mean.astype(np.float64))))
-        return mean * X.dtype.type(min(1.0, self.threshold / (norm + 1e-10)))
+        return self._clip(mean, sqnorm(mean), X)
 
-    def _aggregate(self, X, state, reference, rng):
-        out = self.clipped_mean(X)
-        if self.noise > 0:
-            out = out + (self.noise * rng.standard_normal(X.shape[1])).astype(X.dtype)
+    def _clip(self, mean, sq: float, X):
+        """``mean`` (a fresh array, scaled in place) clipped to norm ρ, given its squared norm ``sq``."""
+        mean *= small(np.asarray(min(1.0, self.threshold / (float(np.sqrt(sq)) + 1e-10))), X)
+        return mean
+
+    def _aggregate_checked(self, X, state, reference, rng):
+        # The noise does not depend on the rows: it is drawn on a worker while the mean is summed,
+        # and rng is rewound when a non-finite row means that this call must not draw.
+        start = rng.bit_generator.state
+        draws = background(rng.standard_normal, X.shape[1]) if self.noise > 0 else None
+        mean = X.mean(axis=0)
+        sq = sqnorm(mean)  # a column sum is finite only if its column is: a finite mean, finite rows
+        if not np.isfinite(sq):  # a non-finite row, or finite rows whose sum overflowed
+            excluded = nonfinite_rows(X)
+            if excluded.any():
+                if draws is not None:
+                    draws.result()
+                    rng.bit_generator.state = start
+                return excluded
+        out = self._clip(mean, sq, X)
+        if draws is not None:
+            noise = draws.result()  # the host's draws
+            noise *= self.noise
+            out += small(noise, X)
         return AggregateResult(out)

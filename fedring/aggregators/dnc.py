@@ -31,6 +31,8 @@ def dnc_scores(X: np.ndarray, cols: np.ndarray) -> np.ndarray:
 class DnC(Aggregator):
     r"""Divide-and-Conquer: drop the clients with the largest projections on the top singular vector.
 
+    Runs on the host: its column subsamples go through the numpy-only helper of the clustering rules (``centred_column_gram``).
+
     Each of ``iters`` rounds draws b of the d coordinates at random (without replacement),
     centres the subsampled rows on their mean, and scores every client by its squared
     projection on the top right singular vector v of the centred subsample,

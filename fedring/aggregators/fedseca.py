@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.arrays import array_namespace, device, host_into, like, on_host
 from fedring.errors import ConfigError
 from fedring.validate import boolean, choice, real
 
 from ._kernels import (
     SORT_BYTES,
     abs_row_quantiles,
-    block_width,
     column_count,
-    map_blocks,
+    empty_row,
+    map_columns,
+    ratio,
     row_stats,
     sign_gram,
     signs,
+    small,
+    sort_rows,
 )
 from .base import AggregateResult, Aggregator, register
 
@@ -112,6 +116,7 @@ class FedSECA(Aggregator):
 
     name = "fedseca"
     selects = True
+    on_device = True
 
     def __init__(
         self,
@@ -155,23 +160,23 @@ class FedSECA(Aggregator):
     def init_state(self, n, d):
         return {"momentum": np.zeros(d)}
 
-    def _median(self, T: np.ndarray) -> np.ndarray:
+    def _median(self, T):
         n = T.shape[1]
         lo, hi = (n - 1) // 2, n // 2
         return T[:, lo] if self.median == "lower" or lo == hi else 0.5 * (T[:, lo] + T[:, hi])
 
-    def _block(self, B: np.ndarray, cf: np.ndarray, lam: np.ndarray | None, votes: np.ndarray) -> np.ndarray:
-        """RoCA and the election (Eqs. 6-10) on one column block B of the raw gradients."""
+    def _block(self, B, cf, lam, votes):
+        """RoCA and the election (Eqs. 6-10) on one column block B of the raw gradients (arrays of X's kind)."""
         n = B.shape[0]
+        xp = array_namespace(B)
         if self.vrs:
-            A = np.abs(B)
+            A = xp.abs(B)
             if self.clamp:
-                T = np.ascontiguousarray((A * cf).T)  # mu^j: median over clients of the clipped magnitudes (Eq. 9)
-                T.sort(axis=1)
+                T = sort_rows((A * cf).T)  # mu^j: median over clients of the clipped magnitudes (Eq. 9)
                 mu = self._median(T)
-                V = np.minimum(np.maximum(B * cf if self.clamp_source == "clipped" else B, -mu), mu)
+                V = xp.minimum(xp.maximum(B * cf if self.clamp_source == "clipped" else B, -mu), mu)
             else:
-                V = B * cf if self.clamp_source == "clipped" else B.copy()
+                V = B * cf if self.clamp_source == "clipped" else xp.asarray(B, copy=True)
             if lam is not None:
                 V *= (A >= lam) if self.sparsify == ">=" else (A > lam)
         else:
@@ -180,15 +185,15 @@ class FedSECA(Aggregator):
             return V.sum(axis=0) / n
         if not self.coordwise:
             total = votes.sum()
-            return (votes @ V) / total if total > 0 else np.zeros(B.shape[1], B.dtype)
-        s = np.sign(votes @ signs(B if self.election_source == "raw" else V, B.dtype))
+            return (votes @ V) / total if total > 0 else xp.zeros(B.shape[1], dtype=B.dtype, device=device(B))
+        s = xp.sign(votes @ signs(B if self.election_source == "raw" else V, B.dtype))
         agree = (V * s) > 0
         den = column_count(agree)
         num = (V * agree).sum(axis=0)
-        return np.divide(num, den, out=np.zeros(len(den), B.dtype), where=den > 0)
+        return ratio(num, den)
 
     def _aggregate(self, X, state, reference, rng):
-        n, d = X.shape
+        n = X.shape[0]
         dt = X.dtype
         use_rho = self.rho and self.crise
         votes = concordance_votes(sign_gram(X)) if use_rho else np.full(n, n)
@@ -199,17 +204,19 @@ class FedSECA(Aggregator):
             tau = float(self._median(np.sort(norms)[None, :])[0])
             clip_factor = np.minimum(1.0, np.divide(tau, norms, out=np.ones(n), where=norms > 0))
         sparsifying = self.vrs and self.gamma > 0
-        lam = abs_row_quantiles(X, self.gamma)[:, None].astype(dt) if sparsifying else None
-        cf = clip_factor[:, None].astype(dt)
-        votes_t = votes.astype(dt)
-        g_tilde = np.empty(d, dt)
+        lam = small(abs_row_quantiles(X, self.gamma)[:, None], X) if sparsifying else None
+        cf = small(clip_factor[:, None], X)
+        votes_t = small(votes, X)
+        g_tilde = empty_row(X)
 
         def task(sls):
             for sl in sls:
                 g_tilde[sl] = self._block(X[:, sl], cf, lam, votes_t)
 
-        map_blocks(task, d, block_width(n, X.itemsize, SORT_BYTES))
-        mom = state["momentum"]
+        map_columns(X, task, SORT_BYTES)
+        mom = like(state["momentum"], X)  # a device's copy of the host state (a CPU tensor's shares it)
         mom *= self.beta
         mom += (1.0 - self.beta) * g_tilde
-        return AggregateResult(mom.astype(dt, copy=True), rho)
+        if not on_host(X):
+            host_into(mom, state["momentum"])
+        return AggregateResult(array_namespace(X).astype(mom, dt, copy=True), rho)

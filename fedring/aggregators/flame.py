@@ -28,6 +28,8 @@ class FLAME(Aggregator):
     r"""FLAME: admit the majority cluster of cosine distances (HDBSCAN), clip to the median norm,
     average, add Gaussian noise.
 
+    Runs on the host: scikit-learn's HDBSCAN clusters the clients.
+
     1. HDBSCAN on the cosine distances :math:`1 - \cos(x_i, x_j)` with minimum cluster size
        :math:`\lfloor n/2\rfloor + 1`, ``min_samples = 1`` and a single cluster allowed: the
        clients of cluster 0 (the only cluster such a size permits) are admitted.

@@ -132,6 +132,8 @@ def gap_statistic_k(
 class FLDetector(Aggregator):
     r"""FLDetector: flag clients whose gradients disagree with an L-BFGS prediction, average the rest.
 
+    Runs on the host: its state holds every client's previous gradient (n x d numpy, checkpointed), read and written each round.
+
     Each round t, with :math:`\hat H^{(t)}` the L-BFGS Hessian estimate from the last N
     global (Δw, Δg) pairs (see ``lbfgs_coefficients``):
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._kernels import combine, row_stats
+from ._kernels import combine, row_stats, sqnorm, zero_row
 from .base import AggregateResult, Aggregator, register
 
 
@@ -33,18 +33,19 @@ class FLTrust(Aggregator):
     name = "fltrust"
     selects = True
     needs_reference = True
+    on_device = True
 
     def _aggregate(self, X, state, reference, rng):
         sq, dots = row_stats(X, reference[None, :])
         norms = np.sqrt(sq)
-        ref_norm = float(np.sqrt(np.dot(reference.astype(np.float64), reference.astype(np.float64))))
+        ref_norm = float(np.sqrt(sqnorm(reference)))
         ok = norms > 0
         cos = np.zeros(len(sq))
         if ref_norm > 0:
             cos[ok] = dots[ok, 0] / (norms[ok] * ref_norm)
         ts = np.maximum(cos, 0.0)
         if ts.sum() <= 0:
-            return AggregateResult(np.zeros(X.shape[1], X.dtype), ts)
+            return AggregateResult(zero_row(X), ts)
         coef = np.zeros(len(sq))
         coef[ok] = ts[ok] * ref_norm / norms[ok]
         return AggregateResult(combine(coef / ts.sum(), X), ts)

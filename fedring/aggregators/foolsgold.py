@@ -52,6 +52,8 @@ def foolsgold_weights(cs: np.ndarray, eps: float = 1e-6) -> np.ndarray:
 class FoolsGold(Aggregator):
     r"""FoolsGold: clients whose accumulated updates point the same way (sybils) lose weight.
 
+    Runs on the host: its state holds every client's history (n x d numpy, checkpointed), read and written each round.
+
     Each round every upload is scaled to norm at most 1 (:math:`\hat x_i = x_i / \|x_i\|` when
     :math:`\|x_i\| > 1`) and added to the client's history :math:`h_i`; the weights
     :math:`\alpha` come from the cosine similarities of the histories (``foolsgold_weights``),

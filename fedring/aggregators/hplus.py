@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.arrays import array_namespace, host
 from fedring.errors import ConfigError
 from fedring.validate import choice, integer, real
 
@@ -114,6 +115,7 @@ class HPlus(Aggregator):
             raise ConfigError(self.base, f"parameters of hplus's base rule must be a table, got {base_params!r}")
         self.base_rule = AGGREGATORS.build(self.base, base_params, f=f) if self.mode == "base" else None
         self.needs_reference = self.mode == "clean" or bool(self.base_rule and self.base_rule.needs_reference)
+        self.on_device = self.base_rule is None or self.base_rule.on_device
 
     def keep_count(self, n: int) -> int:
         return n - self.f if self.N is None else self.N
@@ -158,12 +160,12 @@ class HPlus(Aggregator):
             ref = reference
         keep = self.keep_count(n)
         selected = np.ones(n, bool)
-        for idx in self.draw_segments(d, rng):
-            score = anomaly_scores(ref[idx], X[:, idx], self.rho, self.tau)
+        for idx in self.draw_segments(d, rng):  # each segment's r values per client go to the host
+            score = anomaly_scores(host(ref[idx]), host(X[:, idx]), self.rho, self.tau)
             top = np.argsort(-score, kind="stable")[:keep]
             mask = np.zeros(n, bool)
             mask[top] = True
             selected &= mask
         if not selected.any():
-            return AggregateResult(np.asarray(ref, X.dtype).copy(), np.zeros(n))
+            return AggregateResult(array_namespace(X).asarray(ref, dtype=X.dtype, copy=True), np.zeros(n))
         return AggregateResult(combine(selected, X) / selected.sum(), selected.astype(float))

@@ -47,6 +47,7 @@ class Huber(Aggregator):
     """
 
     name = "huber"
+    on_device = True
     selects = True
 
     def __init__(self, f: int = 0, *, tau: float = 0.2, iters: int = 100, tol: float = 1e-3, eps: float = 1e-6):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.arrays import array_namespace
 from fedring.validate import choice, integer
 
 from ._kernels import combine, gram
@@ -87,6 +88,7 @@ class Krum(Aggregator):
 
     name = "krum"
     selects = True
+    on_device = True
 
     def __init__(self, f: int = 0, *, variant: str = "paper"):
         super().__init__(f)
@@ -103,7 +105,7 @@ class Krum(Aggregator):
         i = int(self._select(X)[0])
         selected = np.zeros(X.shape[0])
         selected[i] = 1.0
-        return AggregateResult(X[i].copy(), selected)
+        return AggregateResult(array_namespace(X).asarray(X[i], copy=True), selected)
 
 
 @register

@@ -47,6 +47,8 @@ def median_z_keep(values: np.ndarray, bound: float) -> np.ndarray:
 class LASA(Aggregator):
     r"""LASA: per layer, keep the clients whose sparsified update has an ordinary norm and sign balance.
 
+    Runs on the host: its per-layer sparsification partitions each client's row with numpy.
+
     1. Every upload is clipped to the median norm M: :math:`\tilde x_i = x_i \min(1, M/\|x_i\|)`.
     2. Each client's upload is sparsified: of the values of its weight layers (parameters of two
        or more dimensions), only those of magnitude above its k-th largest,

@@ -42,6 +42,7 @@ class MCA(Aggregator):
     """
 
     name = "mca"
+    on_device = True
     selects = True
 
     def __init__(self, f: int = 0, *, sigma: float | None = None, iters: int = 100, tol: float = 1e-5):

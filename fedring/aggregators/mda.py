@@ -161,6 +161,7 @@ class MDA(Aggregator):
     """
 
     name = "mda"
+    on_device = True
     selects = True
 
     def __init__(self, f: int = 0, *, max_nodes: int = 1_000_000):

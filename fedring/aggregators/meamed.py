@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
+import numpy as np  # noqa: F401 (the doctests)
 
-from ._kernels import for_sorted_columns
+from fedring.arrays import array_namespace, device
+
+from ._kernels import empty_row, for_sorted_columns
 from .base import AggregateResult, Aggregator, register
 
 
@@ -43,6 +45,7 @@ class Meamed(Aggregator):
     """
 
     name = "meamed"
+    on_device = True
 
     def check(self, n):
         if n <= 2 * self.f:
@@ -50,21 +53,22 @@ class Meamed(Aggregator):
         return super().check(n)
 
     def _aggregate(self, X, state, reference, rng):
-        n, d = X.shape
+        n = X.shape[0]
         f = self.f
         if f == 0:
             return AggregateResult(X.mean(axis=0))
         k = n - f
         lo, hi = (n - 1) // 2, n // 2
-        positions = np.arange(n)
-        out = np.empty(d, X.dtype)
+        xp = array_namespace(X)
+        positions = xp.arange(n, device=device(X))
+        out = empty_row(X)
 
         def fn(sl, T):
             med = T[:, lo] if lo == hi else (T[:, lo] + T[:, hi]) / 2
             # step s -> s + 1 (s < f) when the entering value T[s + k] beats the leaving T[s]
-            start = np.count_nonzero(T[:, k:] - med[:, None] < med[:, None] - T[:, :f], axis=1)
+            start = xp.count_nonzero(T[:, k:] - med[:, None] < med[:, None] - T[:, :f], axis=1)
             run = (positions >= start[:, None]) & (positions < start[:, None] + k)
-            out[sl] = np.where(run, T, 0).sum(axis=1) / k
+            out[sl] = xp.where(run, T, 0).sum(axis=1) / k
 
         for_sorted_columns(X, fn)
         return AggregateResult(out)

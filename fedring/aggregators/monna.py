@@ -9,7 +9,7 @@ import numpy as np
 
 from fedring.validate import integer
 
-from ._kernels import combine, gram
+from ._kernels import combine, gram, zero_row
 from .base import AggregateResult, Aggregator, register
 
 
@@ -56,6 +56,7 @@ class MoNNA(Aggregator):
 
     name = "monna"
     selects = True
+    on_device = True
 
     def __init__(self, f: int = 0, *, idx: int | None = None):
         super().__init__(f)
@@ -88,7 +89,7 @@ class MoNNA(Aggregator):
         return other
 
     def _without_trusted(self, X, n: int) -> AggregateResult:
-        return AggregateResult(np.zeros(X.shape[1], X.dtype), np.zeros(n))
+        return AggregateResult(zero_row(X), np.zeros(n))
 
     def _aggregate_finite_rows(self, X, excluded, state, reference, rng):
         if self.idx is None:
@@ -109,5 +110,5 @@ class MoNNA(Aggregator):
             return super().aggregate_part(rule, rows, keep, state, reference, rng)
         position = int(np.searchsorted(keep, self.idx))
         if position == len(keep) or keep[position] != self.idx:
-            return self._without_trusted(np.asarray(rows), len(keep))
+            return self._without_trusted(rows, len(keep))
         return super().aggregate_part(rule._trusting(position), rows, keep, state, reference, rng)

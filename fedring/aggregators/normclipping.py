@@ -7,8 +7,8 @@ import numpy as np
 
 from fedring.validate import real
 
-from ._kernels import combine, row_stats
-from .base import AggregateResult, Aggregator, register
+from ._kernels import combine, row_stats, small
+from .base import AggregateResult, Aggregator, nonfinite_from_norms, register
 
 
 def clip_factors(norms: np.ndarray, threshold: float, eps: float = 1e-6) -> np.ndarray:
@@ -51,6 +51,7 @@ class NormClipping(Aggregator):
 
     name = "normclipping"
     selects = True
+    on_device = True
 
     def __init__(self, f: int = 0, *, threshold: float = 3.0, noise: float = 0.0):
         super().__init__(f)
@@ -59,12 +60,19 @@ class NormClipping(Aggregator):
 
     def clipped_mean(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The deterministic part: (mean of the clipped uploads, clipping factors)."""
-        factor = clip_factors(np.sqrt(row_stats(X)[0]), self.threshold)
+        return self._clipped_mean(X, row_stats(X)[0])
+
+    def _clipped_mean(self, X, sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        factor = clip_factors(np.sqrt(sq), self.threshold)
         return combine(factor, X) / X.shape[0], factor
 
-    def _aggregate(self, X, state, reference, rng):
+    def _aggregate_checked(self, X, state, reference, rng):
+        sq = row_stats(X)[0]  # the norms show which rows are finite: no separate pass
+        excluded = nonfinite_from_norms(X, sq)
+        if excluded.any():
+            return excluded
         n, d = X.shape
-        mean, factor = self.clipped_mean(X)
+        mean, factor = self._clipped_mean(X, sq)
         if self.noise > 0:
-            mean = mean + (self.noise / np.sqrt(n) * rng.standard_normal(d)).astype(X.dtype)
+            mean = mean + small(self.noise / np.sqrt(n) * rng.standard_normal(d), X)  # the host's draws
         return AggregateResult(mean, factor)

@@ -9,7 +9,7 @@ import numpy as np
 
 from fedring.validate import integer, real
 
-from ._kernels import gram, row_stats
+from ._kernels import gram, row_stats, small
 from .base import PreAggregator, register_pre
 
 
@@ -29,6 +29,7 @@ class NNM(PreAggregator):
     """
 
     name = "nnm"
+    on_device = True
 
     def check(self, n):
         if n - self.f < 1:
@@ -39,9 +40,9 @@ class NNM(PreAggregator):
         n = X.shape[0]
         D = gram(X).sqdist()
         near = np.argsort(D, axis=1, kind="stable")[:, : n - self.f]
-        W = np.zeros((n, n), X.dtype)
+        W = np.zeros((n, n))
         np.put_along_axis(W, near, 1.0, axis=1)
-        Y = W @ X
+        Y = small(W, X) @ X
         Y /= n - self.f
         return Y, np.arange(n)
 
@@ -59,6 +60,7 @@ class Bucketing(PreAggregator):
 
     name = "bucketing"
     keeps_rows = False
+    on_device = True
 
     def __init__(self, f: int = 0, *, s: int = 2):
         super().__init__(f)
@@ -71,14 +73,14 @@ class Bucketing(PreAggregator):
         n = X.shape[0]
         perm = rng.permutation(n)
         m = self.out_rows(n)
-        W = np.zeros((m, n), X.dtype)
+        W = np.zeros((m, n))
         owner = np.empty(n, np.int64)
         for b in range(m):
             members = perm[b * self.s : (b + 1) * self.s]
             W[b, members] = 1.0
             owner[members] = b
-        Y = W @ X
-        Y /= W.sum(axis=1, keepdims=True)
+        Y = small(W, X) @ X
+        Y /= small(W.sum(axis=1, keepdims=True), X)
         return Y, owner
 
 
@@ -99,6 +101,7 @@ class Clipping(PreAggregator):
     """
 
     name = "clipping"
+    on_device = True
 
     def __init__(self, f: int = 0, *, c: float = 2.0):
         super().__init__(f)
@@ -107,4 +110,4 @@ class Clipping(PreAggregator):
     def transform(self, X, rng):
         norms = np.sqrt(row_stats(X)[0])
         factor = np.minimum(1.0, np.divide(self.c, norms, out=np.full_like(norms, np.inf), where=norms > 0))
-        return X * factor[:, None].astype(X.dtype), np.arange(X.shape[0])
+        return X * small(factor[:, None], X), np.arange(X.shape[0])

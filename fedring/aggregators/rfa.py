@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.arrays import array_namespace, device
 from fedring.validate import choice, integer, real
 
 from ._kernels import combine, fixed_point, gram
@@ -46,6 +47,7 @@ class GeoMed(Aggregator):
     """
 
     name = "geomed"
+    on_device = True
     selects = True
 
     def __init__(self, f: int = 0, *, iters: int = 100, tol: float = 1e-5, nu: float = 1e-6, init: str = "mean"):
@@ -57,7 +59,7 @@ class GeoMed(Aggregator):
 
     def _aggregate(self, X, state, reference, rng):
         n, d = X.shape
-        extra = np.zeros((1, d), X.dtype) if self.init == "zero" else None
+        extra = array_namespace(X).zeros((1, d), dtype=X.dtype, device=device(X)) if self.init == "zero" else None
         G = gram(X, extra)
         w0 = np.zeros(G.m)
         if extra is None:

@@ -41,6 +41,8 @@ class SignGuard(Aggregator):
     r"""SignGuard: norm filtering, then the majority cluster of sign statistics; the mean of the
     survivors clipped to the median norm.
 
+    Runs on the host: scikit-learn clusters the clients' sign statistics.
+
     With :math:`M = \mathrm{median}_j \|x_j\|`:
 
     1. :math:`S_1 = \{i : L M < \|x_i\| < R M\}`.

@@ -6,22 +6,22 @@ import math
 
 import numpy as np
 
+from fedring.arrays import array_namespace
 from fedring.validate import integer
 
-from ._kernels import block_width, column_sign_sum, map_blocks
+from ._kernels import column_sign_sum, empty_row, map_columns
 from .base import AggregateResult, Aggregator, register
 
 
 def sign_sum(X: np.ndarray) -> np.ndarray:
     """S = sum_i sgn(x_i), exact (integer-valued, in X's dtype)."""
-    n, d = X.shape
-    S = np.empty(d, X.dtype)
+    S = empty_row(X)
 
     def task(sls):
         for sl in sls:
             S[sl] = column_sign_sum(X[:, sl])
 
-    map_blocks(task, d, block_width(n, X.itemsize))
+    map_columns(X, task)
     return S
 
 
@@ -38,9 +38,10 @@ class SignSGD(Aggregator):
     """
 
     name = "signsgd"
+    on_device = True
 
     def _aggregate(self, X, state, reference, rng):
-        return AggregateResult(np.sign(sign_sum(X)))
+        return AggregateResult(array_namespace(X).sign(sign_sum(X)))
 
 
 @register
@@ -68,6 +69,7 @@ class RLR(Aggregator):
     """
 
     name = "rlr"
+    on_device = True
 
     def __init__(self, f: int = 0, *, theta: int | None = None):
         super().__init__(f)
@@ -77,8 +79,9 @@ class RLR(Aggregator):
         return math.ceil(0.2 * n) if self.theta is None else self.theta
 
     def _aggregate(self, X, state, reference, rng):
+        xp = array_namespace(X)
         S = sign_sum(X)
-        rho = np.where(np.abs(S) >= self.threshold(X.shape[0]), 1, -1).astype(X.dtype)
-        out = rho * np.sign(S)
+        rho = xp.astype(xp.where(xp.abs(S) >= self.threshold(X.shape[0]), 1, -1), X.dtype)
+        out = rho * xp.sign(S)
         out += 0.0  # -0 -> 0
         return AggregateResult(out)

@@ -15,6 +15,8 @@ from .base import AggregateResult, Aggregator, register
 class SimpleClustering(Aggregator):
     r"""The mean of the most populous DBSCAN cluster of the uploads (Euclidean distances).
 
+    Runs on the host: scikit-learn's DBSCAN clusters the clients.
+
     DBSCAN with radius ``eps`` and core size ``min_samples`` runs on the n x n distance matrix
     (one Gram pass: no copy of the uploads); the output is the mean of the largest cluster (ties
     to the lower label), the zero vector if every client is noise. FLPoison's baseline

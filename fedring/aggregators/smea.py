@@ -77,6 +77,7 @@ class SMEA(Aggregator):
     """
 
     name = "smea"
+    on_device = True
     selects = True
 
     def __init__(self, f: int = 0, *, max_subsets: int = 100_000):

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import numpy as np
+import numpy as np  # noqa: F401 (the doctests)
 
+from fedring.arrays import array_namespace
 from fedring.validate import choice, real
 
 from ._kernels import (
     abs_row_quantiles,
-    block_width,
     column_count,
     column_sign_sum,
-    map_blocks,
+    empty_row,
+    map_columns,
+    ratio,
+    small,
 )
 from .base import AggregateResult, Aggregator, register
 
@@ -47,6 +50,7 @@ class RTiesMerge(Aggregator):
     """
 
     name = "ties"
+    on_device = True
 
     def __init__(self, f: int = 0, *, gamma: float = 0.9, election: str = "sign"):
         super().__init__(f)
@@ -54,19 +58,19 @@ class RTiesMerge(Aggregator):
         self.election = choice("ties.election", election, ("sign", "magnitude"))
 
     def _aggregate(self, X, state, reference, rng):
-        n, d = X.shape
-        lam = abs_row_quantiles(X, self.gamma)[:, None].astype(X.dtype)
-        out = np.empty(d, X.dtype)
+        xp = array_namespace(X)
+        lam = small(abs_row_quantiles(X, self.gamma)[:, None], X)
+        out = empty_row(X)
 
         def task(sls):
             for sl in sls:
                 B = X[:, sl]
-                V = B * (np.abs(B) > lam)  # multiplying by the mask beats np.where on random masks
-                u = np.sign(column_sign_sum(B) if self.election == "sign" else V.sum(axis=0)).astype(X.dtype)
+                V = B * (xp.abs(B) > lam)  # multiplying by the mask beats np.where on random masks
+                u = xp.astype(xp.sign(column_sign_sum(B) if self.election == "sign" else V.sum(axis=0)), X.dtype)
                 keep = (V * u) > 0
                 num = (V * keep).sum(axis=0)
                 den = column_count(keep)
-                out[sl] = np.divide(num, den, out=np.zeros(len(num), X.dtype), where=den > 0)
+                out[sl] = ratio(num, den)
 
-        map_blocks(task, d, block_width(n, X.itemsize))
+        map_columns(X, task)
         return AggregateResult(out)

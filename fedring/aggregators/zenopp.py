@@ -6,7 +6,7 @@ import numpy as np
 
 from fedring.validate import real
 
-from ._kernels import combine, row_stats
+from ._kernels import combine, row_stats, sqnorm, zero_row
 from .base import AggregateResult, Aggregator, register
 
 
@@ -45,6 +45,7 @@ class ZenoPP(Aggregator):
     name = "zenopp"
     selects = True
     needs_reference = True
+    on_device = True
 
     def __init__(self, f: int = 0, *, gamma: float = 1.0, rho: float = 0.001, eps: float = 0.1):
         super().__init__(f)
@@ -55,11 +56,11 @@ class ZenoPP(Aggregator):
     def _aggregate(self, X, state, reference, rng):
         sq, dots = row_stats(X, reference[None, :])
         norms = np.sqrt(sq)
-        v2 = float(np.dot(reference.astype(np.float64), reference.astype(np.float64)))
+        v2 = sqnorm(reference)
         scale = np.divide(np.sqrt(v2), norms, out=np.zeros_like(norms), where=norms > 0)
         score = self.gamma * scale * dots[:, 0] - self.rho * v2 * (norms > 0)
         accepted = (score >= -self.gamma * self.eps) & (norms > 0)
         if not accepted.any():
-            return AggregateResult(np.zeros(X.shape[1], X.dtype), accepted.astype(float))
+            return AggregateResult(zero_row(X), accepted.astype(float))
         coef = np.where(accepted, scale, 0.0) / accepted.sum()
         return AggregateResult(combine(coef, X), accepted.astype(float))

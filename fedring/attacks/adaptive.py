@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from fedring.arrays import Array, array_namespace, device, host, like
 from fedring.validate import choice, integer, real
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack, columns, known, mean
+from .base import ATTACKS, AttackContext, ModelAttack, columns, float64_rows, known, mean, norm
 from .minmax import perturbation
 
 TARGETS = ("brace", "generic")
@@ -33,7 +34,7 @@ _OWN = {
 }
 
 
-def brace_closed_form(honest: np.ndarray) -> np.ndarray:
+def brace_closed_form(honest: Array) -> Array:
     r"""The default attack on BRACE: :math:`\mu - 1.001\,\|\mu\|_\infty\,\operatorname{sign}(\mu)`.
 
     The smallest vector of the inverse-sign family whose sign is −sign(μ) on every coordinate
@@ -43,23 +44,26 @@ def brace_closed_form(honest: np.ndarray) -> np.ndarray:
     sign pattern turns the most coordinates away from sign(μ) (docs/brace.md).
     """
     mu = mean(honest)
-    return mu - 1.001 * np.abs(mu).max() * np.sign(mu)
+    xp = array_namespace(mu)
+    return mu - 1.001 * xp.max(xp.abs(mu)) * xp.sign(mu)
 
 
-def brace_margin_flips(byz: np.ndarray, honest: np.ndarray, lam: float, budget: float) -> np.ndarray:
+def brace_margin_flips(byz: Array, honest: Array, lam: float, budget: float) -> np.ndarray:
     r"""Coordinates the attackers flip against BRACE, smallest honest vote margin first.
 
     With :math:`S_{\mathcal H} = \sum_{i\in\mathcal H}\operatorname{sign}(g_i)`, t = sign(μ) and the
     consensus +1 iff S > λ, the b attackers' votes add anything in [−b, b] to S_𝓗 (their honest
     votes move by at most 2b). A coordinate is *gainable* if the round would give t without the
     attack (attackers voting their own signs) and gives −t when all b vote −t. The honest margin
-    :math:`t_k (S_{\mathcal H,k} - \lambda)` orders them; the first ⌈budget·#gainable⌉ are returned.
+    :math:`t_k (S_{\mathcal H,k} - \lambda)` orders them; the first ⌈budget·#gainable⌉ are returned
+    (host indices; the vote counts are taken on the rows' device).
     """
     b = byz.shape[0]
-    votes = lambda x: np.sign(x).sum(axis=0)  # noqa: E731
-    s_honest = columns(votes, honest)
-    t = np.sign(mean(honest))
-    no_attack = np.where(s_honest + columns(votes, byz) > lam, 1.0, -1.0)
+    xp = array_namespace(honest)
+    votes = lambda x: xp.sum(xp.sign(x), axis=0)  # noqa: E731
+    s_honest = host(columns(votes, honest))
+    t = host(xp.sign(mean(honest)))
+    no_attack = np.where(s_honest + host(columns(votes, byz)) > lam, 1.0, -1.0)
     attacked = np.where(s_honest - b * t > lam, 1.0, -1.0)
     gainable = np.flatnonzero((t != 0) & (no_attack == t) & (attacked != t))
     margin = t[gainable] * (s_honest[gainable] - lam)
@@ -104,7 +108,7 @@ def line_maximize(
     return best_x
 
 
-def direction(honest: np.ndarray, kind: str) -> np.ndarray:
+def direction(honest: Array, kind: str) -> Array:
     """dev for the family μ − γ·dev: Min-Max's μ/‖μ‖, sign(μ), std (ddof 1), or μ itself.
 
     With μ itself the family is (1 − γ)μ, ByzFL's ``FallOfEmpires(attack_factor=γ)`` (releases up
@@ -171,6 +175,7 @@ class Adaptive(ModelAttack):
     name = "adaptive"
     knowledge = "omniscient"
     blockwise = True
+    on_device = True
     params = ("target", *_OWN)
 
     def __init__(self, target: str = "brace", **params):
@@ -194,26 +199,28 @@ class Adaptive(ModelAttack):
             if self.ratio == 1.0:
                 raise ConfigError("attack.ratio", "must be < 1")
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
         honest = known(honest)
+        xp = array_namespace(honest)
         if self.target == "brace":
             if self.mode == "closed_form":
-                return np.broadcast_to(brace_closed_form(honest), byz.shape)
-            out = byz.copy()
-            flip = brace_margin_flips(byz, honest, self.lam, self.budget)
-            out[:, flip] = -mean(honest)[flip]
+                return xp.broadcast_to(brace_closed_form(honest), byz.shape)
+            out = xp.asarray(byz, copy=True)
+            flip = like(brace_margin_flips(byz, honest, self.lam, self.budget), byz)
+            out[:, flip] = xp.astype(-mean(honest)[flip], byz.dtype)
             return out
         aggregate = ctx.aggregator
         if aggregate is None:
             raise ConfigError("attack.target", "'generic' needs the defence's aggregation rule, and none was given")
         mu, dev = mean(honest), direction(honest, self.perturbation)
         b = byz.shape[0]
+        where = device(honest)
         # the defence's rule runs on every row in float64, as it would on float64 copies
-        reference = np.asarray(aggregate(np.vstack([byz, honest], dtype=np.float64)), dtype=np.float64)
+        reference = xp.asarray(aggregate(float64_rows(byz, honest)), dtype=xp.float64, device=where)
 
         def deviation(gamma: float) -> float:
-            rows = np.vstack([np.broadcast_to(mu - gamma * dev, (b, mu.size)), honest], dtype=np.float64)
-            return float(np.linalg.norm(np.asarray(aggregate(rows), dtype=np.float64) - reference))
+            rows = float64_rows(xp.broadcast_to(mu - gamma * dev, (b, mu.shape[0])), honest)
+            return norm(xp.asarray(aggregate(rows), dtype=xp.float64, device=where) - reference)
 
         gamma = line_maximize(deviation, self.evals, self.start, self.delta, self.ratio)
-        return np.broadcast_to(mu - gamma * dev, byz.shape)
+        return xp.broadcast_to(mu - gamma * dev, byz.shape)

@@ -7,6 +7,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from fedring.arrays import Array, array_namespace, like
 from fedring.validate import choice, real
 
 from ..errors import ConfigError
@@ -81,6 +82,7 @@ class ALIE(ModelAttack):
 
     name = "alie"
     blockwise = True
+    on_device = True
 
     def __init__(self, z: float | None = None, ddof: int = 1, stats: str = "honest", jitter: float = 0.0):
         self.z = None if z is None else real("attack.z", z)
@@ -97,15 +99,16 @@ class ALIE(ModelAttack):
                 return e
         return None
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
         rows = known(honest) if self.stats == "honest" else byz
         need_rows(rows, self.ddof, "attack alie")
+        xp = array_namespace(rows)
         z: float | np.ndarray = alie_z(ctx.n, byz.shape[0]) if self.z is None else self.z
         z = z + (ctx.rng.uniform(-self.jitter, self.jitter, size=(byz.shape[0], 1)) if self.jitter else 0.0)
-        z = np.broadcast_to(z, (byz.shape[0], 1))
+        zs = like(np.broadcast_to(z, (byz.shape[0], 1)).copy(), rows)
 
-        def shifted(c: slice) -> np.ndarray:  # the formula on one column block
-            block = rows[:, c].astype(np.float64)
-            return block.mean(axis=0) + z * block.std(axis=0, ddof=self.ddof)
+        def shifted(c: slice) -> Array:  # the formula on one column block
+            block = xp.astype(rows[:, c], xp.float64)
+            return xp.mean(block, axis=0) + zs * xp.std(block, axis=0, correction=self.ddof)
 
-        return by_columns(byz.shape, byz.dtype, shifted)
+        return by_columns(byz, shifted)

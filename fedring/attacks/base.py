@@ -12,16 +12,20 @@ What an attack may know is part of its definition (``knowledge``):
 
 The caller passes honest gradients only to omniscient attacks, and :meth:`ModelAttack.__call__`
 drops them otherwise, so an attack cannot use more than it declares.
+
+Rows may be numpy arrays (the host) or torch tensors (a device, docs/arrays.md): an attack with
+``on_device = True`` computes through the array's namespace, the others run on a host copy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
+from fedring.arrays import Array, array_namespace, device, host, like, on_host
 from fedring.errors import ConfigError
 from fedring.registry import Registry
 
@@ -47,7 +51,8 @@ class AttackContext:
     round : int
         Round index.
     aggregator : callable or None
-        The defence's rule ``(n, d) -> (d,)``, for aggregator-aware attacks.
+        The defence's rule ``(n, d) -> (d,)``, for aggregator-aware attacks; it receives rows of
+        the kind the attack was given (a tensor on a device) and returns a vector of that kind.
     aggregator_name : str
         Its name, for messages.
     """
@@ -57,7 +62,7 @@ class AttackContext:
     f: int
     lr: float
     round: int
-    aggregator: Callable[[np.ndarray], np.ndarray] | None
+    aggregator: Callable[[Array], Array] | None
     aggregator_name: str = ""
 
 
@@ -76,27 +81,40 @@ class ModelAttack:
     float64 values as on float64 copies of the rows: rank 0 then holds no float64 copy of every
     honest row (docs/figures.md, "Memory at ResNet-18 size"); Gram matrices and products with a
     d-vector are summed over column blocks too (:func:`row_products`).
+
+    An attack with ``on_device = True`` writes :meth:`craft` through the namespace of its rows
+    (``array_namespace``; numpy's own functions on numpy rows, so the host path keeps its bits)
+    and receives torch tensors as they are; the helpers here take either kind. Its random
+    draws stay numpy ``Generator`` draws (the same numbers on both paths), moved to the rows'
+    device with :func:`fedring.arrays.like`; the small h x h problems (Gram matrices, searches
+    over a scalar) run on the host.
     """
 
     name: ClassVar[str]
     knowledge: str = "own"
     blockwise: ClassVar[bool] = False
+    #: whether :meth:`craft` computes on torch tensors through their namespace (docs/arrays.md); an
+    #: attack without it gets a host copy of tensor rows and its rows go back to their device
+    on_device: ClassVar[bool] = False
 
-    def __call__(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+    def __call__(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
         """Malicious gradients.
 
         Parameters
         ----------
-        byz : ndarray, shape (b, d)
+        byz : ndarray or tensor, shape (b, d)
             Gradients the Byzantine clients computed honestly on their own data.
-        honest : ndarray, shape (h, d), or None
-            Honest gradients of the round; used only when ``knowledge == "omniscient"``.
+        honest : ndarray or tensor, shape (h, d), or None
+            Honest gradients of the round (the kind of ``byz``); used only when
+            ``knowledge == "omniscient"``.
         ctx : AttackContext
 
         Returns
         -------
-        ndarray, shape (b, d), dtype of ``byz``
+        ndarray or tensor, shape (b, d): the kind, device and dtype of ``byz``
         """
+        if not on_host(byz):
+            return self._on_tensors(byz, honest, ctx)
         byz = np.asarray(byz)
         if byz.ndim != 2 or byz.shape[0] < 1 or not np.issubdtype(byz.dtype, np.floating):
             raise ValueError(
@@ -120,6 +138,34 @@ class ModelAttack:
             return out  # crafted into a fresh array of its own (:func:`by_columns`): no second copy
         return np.array(out, dtype=byz.dtype)  # a fresh writable (b, d) array, never a view
 
+    def _on_tensors(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
+        """:meth:`__call__` on tensors: the same checks, then :meth:`craft` on the tensors
+        (``on_device``) or on one host copy, whose rows go back to the device of ``byz``."""
+        xp = array_namespace(byz)
+        if byz.ndim != 2 or byz.shape[0] < 1 or not xp.isdtype(byz.dtype, "real floating"):
+            raise ValueError(
+                f"attack {self.name}: byz must be a float (b, d) array with b >= 1, got {byz.dtype} {tuple(byz.shape)}"
+            )
+        if self.knowledge != "omniscient":
+            honest = None
+        elif honest is None:
+            raise ValueError(f"attack {self.name} is omniscient: it needs the honest gradients")
+        elif honest.ndim != 2 or honest.shape[1] != byz.shape[1] or honest.shape[0] < 1:
+            raise ValueError(
+                f"attack {self.name}: honest must be (h, {byz.shape[1]}) with h >= 1, got {tuple(honest.shape)}"
+            )
+        if not self.on_device:
+            return like(self(host(byz), None if honest is None else host(honest), ctx), byz)
+        if not self.blockwise and honest is not None:
+            honest = xp.astype(honest, xp.float64, copy=False)
+        self.require(ctx.n, byz.shape[0], ctx.f)
+        out = self.craft(byz if self.blockwise else xp.astype(byz, xp.float64, copy=False), honest, ctx)
+        if out.dtype == byz.dtype and out is not byz and out._base is None and out.is_contiguous():
+            return out  # a fresh tensor of its own (:func:`by_columns`), as on the host
+        rows = xp.empty(byz.shape, dtype=byz.dtype, device=device(byz))
+        rows[...] = out  # broadcast and cast into a fresh (b, d) tensor, never a view
+        return rows
+
     def check(self, n: int, b: int, f: int | None = None) -> ConfigError | None:
         """Why the attack is undefined for n clients, b of them Byzantine, f declared to the defence
         (default b): the :class:`ConfigError` naming the setting to change (not raised), or None.
@@ -136,7 +182,7 @@ class ModelAttack:
         if error is not None:
             raise error
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
         raise NotImplementedError
 
 
@@ -175,7 +221,7 @@ class DataAttack:
         ``w`` is the global model the client trained from (host float32) and ``memory`` its row."""
 
 
-def known(honest: np.ndarray | None) -> np.ndarray:
+def known(honest: Array | None) -> Array:
     """The honest gradients in :meth:`ModelAttack.craft` of an attack that is omniscient (as
     configured): :meth:`ModelAttack.__call__` has checked that they are there."""
     if honest is None:
@@ -202,13 +248,21 @@ def column_blocks(d: int, block: int | None = None) -> list[slice]:
     return [slice(lo, hi) for lo, hi in zip(starts, [*starts[1:], d])]
 
 
-def columns(fn: Callable[[np.ndarray], np.ndarray], *rows: np.ndarray, block: int | None = None) -> np.ndarray:
+def float64_rows(*rows: Array, c: slice = slice(None)) -> Array:
+    """The columns ``c`` of ``rows`` stacked in the given order, as a fresh float64 array of their kind."""
+    if on_host(rows[0]):
+        return np.concatenate([r[:, c] for r in rows], dtype=np.float64)
+    xp = array_namespace(rows[0])
+    return xp.concat([xp.astype(r[:, c], xp.float64) for r in rows], axis=0)
+
+
+def columns(fn: Callable[[Array], Array], *rows: Array, block: int | None = None) -> Array:
     """``fn`` of the float64 rows, computed one column block at a time.
 
     ``fn`` maps an (m, w) float64 block (the blocks of ``rows`` stacked in the given order, cast
     to float64) to its w per-column values, reducing along axis 0; the values are those of ``fn``
     on the whole float64 array (:func:`column_blocks`), and no more than one block is ever in
-    float64.
+    float64. Tensors give a tensor on their device.
 
     Examples
     --------
@@ -216,19 +270,20 @@ def columns(fn: Callable[[np.ndarray], np.ndarray], *rows: np.ndarray, block: in
     >>> columns(lambda x: x.sum(axis=0), np.ones((2, 5), np.float32), np.eye(5)[:1], block=2)
     array([3., 2., 2., 2., 2.])
     """
-    return np.concatenate(
-        [fn(np.concatenate([r[:, c] for r in rows], dtype=np.float64)) for c in column_blocks(rows[0].shape[1], block)]
-    )
+    parts = [fn(float64_rows(*rows, c=c)) for c in column_blocks(rows[0].shape[1], block)]
+    return np.concatenate(parts) if on_host(rows[0]) else array_namespace(rows[0]).concat(parts)
 
 
-def mean(rows: np.ndarray) -> np.ndarray:
+def mean(rows: Array) -> Array:
     """Coordinate-wise float64 mean, ``rows.astype(np.float64).mean(axis=0)`` bit for bit, in blocks."""
-    return columns(lambda x: x.mean(axis=0), rows)
+    xp = array_namespace(rows)
+    return columns(lambda x: xp.mean(x, axis=0), rows)
 
 
-def column_sum(rows: np.ndarray) -> np.ndarray:
+def column_sum(rows: Array) -> Array:
     """Coordinate-wise float64 sum, ``rows.astype(np.float64).sum(axis=0)`` bit for bit, in blocks."""
-    return columns(lambda x: x.sum(axis=0), rows)
+    xp = array_namespace(rows)
+    return columns(lambda x: xp.sum(x, axis=0), rows)
 
 
 #: columns per block of the sums over every column (Gram matrices, products with a d-vector):
@@ -237,7 +292,7 @@ GRAM_BLOCK = 1 << 18
 
 
 def row_products(
-    rows: np.ndarray, fn: Callable[[slice, np.ndarray], tuple[np.ndarray, ...]], block: int | None = None
+    rows: Array, fn: Callable[[slice, Array], tuple[Array, ...]], block: int | None = None
 ) -> tuple[np.ndarray, ...]:
     """The sums over all columns that ``fn`` takes of one block, added up block by block.
 
@@ -247,7 +302,9 @@ def row_products(
     column order, with never more than one block in float64. Up to ``GRAM_BLOCK`` columns that
     is ``fn`` of the whole float64 array, bit for bit; above, the blocks' partial sums are added
     in another order than one product over all d columns would take, so the sums may differ in
-    their last bits (docs/attacks.md, "Memory: float64 arithmetic in column blocks").
+    their last bits (docs/attacks.md, "Memory: float64 arithmetic in column blocks"). Tensor
+    rows are multiplied on their device; the sums, a few numbers per row, come back as numpy
+    arrays either way.
 
     Examples
     --------
@@ -257,11 +314,12 @@ def row_products(
     (array([[ 5., 14.],
            [14., 50.]]), array([ 3., 12.]))
     """
-    total: tuple[np.ndarray, ...] = ()
+    total: tuple[Array, ...] = ()
     for c in column_blocks(rows.shape[1], block or GRAM_BLOCK):
-        part = fn(c, np.array(rows[:, c], dtype=np.float64, order="C"))
+        x = np.array(rows[:, c], dtype=np.float64, order="C") if on_host(rows) else float64_rows(rows, c=c)
+        part = fn(c, x)
         total = part if not total else tuple(t + p for t, p in zip(total, part))
-    return total
+    return tuple(host(t) for t in total)
 
 
 def squared_distances(gram: np.ndarray) -> np.ndarray:
@@ -270,20 +328,36 @@ def squared_distances(gram: np.ndarray) -> np.ndarray:
     return np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0)
 
 
-def by_columns(shape: tuple[int, int], dtype, fill: Callable[[slice], np.ndarray]) -> np.ndarray:
-    """Rows crafted one column block at a time: ``out[:, c] = fill(c)`` for each block ``c``.
+def by_columns(like_rows: Array, fill: Callable[[slice], Array]) -> Array:
+    """Rows of the shape, dtype, kind and device of ``like_rows`` (the Byzantine rows), crafted
+    one column block at a time: ``out[:, c] = fill(c)`` for each block ``c``.
 
-    A coordinate-wise formula evaluated in float64 on one block and stored in ``dtype`` (the
-    dtype of the Byzantine rows) gives the values the whole (b, d) float64 result would once
-    cast, without that float64 result.
+    A coordinate-wise formula evaluated in float64 on one block and stored in the rows' dtype
+    gives the values the whole (b, d) float64 result would once cast, without that float64 result.
     """
-    out = np.empty(shape, dtype)
-    for c in column_blocks(shape[1]):
+    out = empty(like_rows)
+    for c in column_blocks(like_rows.shape[1]):
         out[:, c] = fill(c)
     return out
 
 
-def need_rows(rows: np.ndarray, ddof: int, who: str) -> None:
+def empty(like_rows: Array, shape: tuple[int, ...] | None = None, dtype: Any = None) -> Array:
+    """An uninitialised array of the kind and device of ``like_rows``, by default its shape and dtype."""
+    shape = like_rows.shape if shape is None else shape
+    if on_host(like_rows):
+        return np.empty(shape, like_rows.dtype if dtype is None else dtype)
+    xp = array_namespace(like_rows)
+    return xp.empty(shape, dtype=like_rows.dtype if dtype is None else dtype, device=device(like_rows))
+
+
+def norm(v: Array) -> float:
+    """The Euclidean norm of a vector of either kind (numpy's ``linalg.norm`` on the host)."""
+    if on_host(v):
+        return float(np.linalg.norm(v))
+    return float(array_namespace(v).linalg.vector_norm(v))
+
+
+def need_rows(rows: Array, ddof: int, who: str) -> None:
     """Raise unless ``rows`` has more rows than ``ddof`` (a standard deviation is defined)."""
     if rows.shape[0] <= ddof:
         raise ValueError(
@@ -291,7 +365,7 @@ def need_rows(rows: np.ndarray, ddof: int, who: str) -> None:
         )
 
 
-def std(rows: np.ndarray, ddof: int, who: str, block: int | None = None) -> np.ndarray:
+def std(rows: Array, ddof: int, who: str, block: int | None = None) -> Array:
     """Coordinate-wise float64 standard deviation; needs more rows than ``ddof``.
 
     ``rows.astype(np.float64).std(axis=0, ddof=ddof)`` bit for bit, computed one column block at
@@ -299,4 +373,5 @@ def std(rows: np.ndarray, ddof: int, who: str, block: int | None = None) -> np.n
     (h, d) array.
     """
     need_rows(rows, ddof, who)
-    return columns(lambda x: x.std(axis=0, ddof=ddof), rows, block=block)
+    xp = array_namespace(rows)
+    return columns(lambda x: xp.std(x, axis=0, correction=ddof), rows, block=block)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.arrays import Array, array_namespace, host, like
 from fedring.validate import installed, real
 
 from ..errors import ConfigError
@@ -126,6 +127,7 @@ class ClippedClusteringAttack(ModelAttack):
     name = "clippedclustering_attack"
     knowledge = "omniscient"
     blockwise = True
+    on_device = True
 
     def __init__(self, scale: float = 10.0, margin: float = 0.1):
         installed(
@@ -141,15 +143,14 @@ class ClippedClusteringAttack(ModelAttack):
             )
         return None
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
         rows = known(honest)
+        xp = array_namespace(rows)
         mu = mean(rows)
         gram, to_mean = row_products(rows, lambda c, x: (x @ x.T, x @ mu[c]))
         alpha, beta, k, _ = chain_coefficients(gram, to_mean, float(mu @ mu), byz.shape[0], self.scale, self.margin)
-        base = rows[k]
-        return by_columns(
-            byz.shape, byz.dtype, lambda c: alpha[:, None] * mu[c] + beta[:, None] * base[c].astype(np.float64)
-        )
+        a, b, base = like(alpha[:, None], mu), like(beta[:, None], mu), rows[k]
+        return by_columns(byz, lambda c: a * mu[c] + b * xp.astype(base[c], xp.float64))
 
 
 def signguard_noise(mu: np.ndarray, up: np.ndarray, down: np.ndarray, perm: np.ndarray) -> np.ndarray:
@@ -188,11 +189,12 @@ class SignGuardAttack(ModelAttack):
     name = "signguard_attack"
     knowledge = "omniscient"
     blockwise = True
+    on_device = True
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        mu = mean(known(honest))
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
+        mu = host(mean(known(honest)))  # the draws and their placement are the host's (one d-vector moves)
         up = ctx.rng.random(int((mu > 0).sum()))
         down = ctx.rng.random(int((mu < 0).sum()))
         perm = ctx.rng.permutation(mu.size)
-        v = signguard_noise(mu, up, down, perm)
-        return by_columns(byz.shape, byz.dtype, lambda c: np.broadcast_to(v[c], (byz.shape[0], c.stop - c.start)))
+        v = like(signguard_noise(mu, up, down, perm), byz)
+        return by_columns(byz, lambda c: v[c])

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from fedring.arrays import Array, array_namespace, like, on_host
 from fedring.validate import choice, real
 
 from ..errors import ConfigError
@@ -23,6 +24,8 @@ from .base import (
     ModelAttack,
     column_blocks,
     column_sum,
+    empty,
+    float64_rows,
     known,
     mean,
     row_products,
@@ -40,8 +43,8 @@ def _krum_pick(dist: np.ndarray, f: int) -> int:
 
 
 def fang_krum_lambda(
-    benign: np.ndarray,
-    s: np.ndarray,
+    benign: Array,
+    s: Array,
     b: int,
     f: int,
     lr: float,
@@ -100,8 +103,8 @@ def fang_krum_lambda(
     n = b + h
     centre = mean(benign)
 
-    def products(c: slice, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        norms = np.einsum("ij,ij->i", x, x)
+    def products(c: slice, x: Array) -> tuple[Array, Array, Array]:
+        norms = np.einsum("ij,ij->i", x, x) if on_host(x) else array_namespace(x).sum(x * x, axis=1)
         sg = x @ s[c]
         x -= centre[c]
         return norms, sg, x @ x.T
@@ -173,6 +176,7 @@ class FangKrum(ModelAttack):
 
     name = "fang_krum"
     blockwise = True
+    on_device = True
 
     def __init__(self, variant: str = "full", tol: float = 1e-5):
         self.variant = choice("attack.variant", variant, ("full", "partial"))
@@ -187,19 +191,20 @@ class FangKrum(ModelAttack):
             return ConfigError("attack.variant", f"'full' needs n > 2f + 1 clients for Fang's bound (n = {n}, f = {f})")
         return None
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
         b = byz.shape[0]
+        xp = array_namespace(byz)
         if self.variant == "full":
             honest = known(honest)
-            s = np.sign(column_sum(byz) + column_sum(honest))
+            s = xp.sign(column_sum(byz) + column_sum(honest))
             lam, _ = fang_krum_lambda(honest, s, b, ctx.f, ctx.lr, self.tol)
-            return np.broadcast_to(-(lam / ctx.lr) * s, byz.shape)
-        s = np.sign(column_sum(byz))
+            return xp.broadcast_to(-(lam / ctx.lr) * s, byz.shape)
+        s = xp.sign(column_sum(byz))
         for supporters in range(1, b):
             lam, chosen = fang_krum_lambda(byz, s, supporters, supporters, 1.0, self.tol, start=1.0, copies_last=True)
             if chosen:
                 break
-        return np.broadcast_to(-lam * s, byz.shape)
+        return xp.broadcast_to(-lam * s, byz.shape)
 
 
 @ATTACKS.register
@@ -234,30 +239,32 @@ class FangTrim(ModelAttack):
 
     name = "fang_trim"
     blockwise = True
+    on_device = True
 
     def __init__(self, variant: str = "full", b: float = 2.0):
         self.variant = choice("attack.variant", variant, ("full", "partial"))
         self.b = real("attack.b", b, lo=1.0)
         self.knowledge = "omniscient" if variant == "full" else "collusion"
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
         # The draws row by row give the values of one (b, d) draw (the generator fills it row by
         # row), so only one row of them and of the result is ever in float64.
-        out = np.empty(byz.shape, byz.dtype)
+        xp = array_namespace(byz)
+        out = empty(byz)
         if self.variant == "partial":
             mu, sigma = mean(byz), std(byz, 0, "attack fang_trim")
-            spread = np.sign(mu) * sigma
+            spread = xp.sign(mu) * sigma
             for row in out:
-                row[:] = mu - spread * ctx.rng.uniform(3.0, 4.0, size=mu.size)
+                row[:] = mu - spread * like(ctx.rng.uniform(3.0, 4.0, size=mu.shape[0]), mu)
             return out
         honest = known(honest)
-        s, base = np.empty(byz.shape[1]), np.empty(byz.shape[1])
+        s, base = empty(byz, (byz.shape[1],), xp.float64), empty(byz, (byz.shape[1],), xp.float64)
         for c in column_blocks(byz.shape[1]):
-            rows = np.concatenate([byz[:, c], honest[:, c]], dtype=np.float64)
-            s[c] = np.sign(rows.sum(axis=0))
-            base[c] = np.where(s[c] > 0, rows.min(axis=0), rows.max(axis=0))
+            rows = float64_rows(byz, honest, c=c)
+            s[c] = xp.sign(xp.sum(rows, axis=0))
+            base[c] = xp.where(s[c] > 0, xp.min(rows, axis=0), xp.max(rows, axis=0))
         beyond = s * base > 0
         for row in out:
-            r = ctx.rng.uniform(1.0, self.b, size=base.size)
-            row[:] = np.where(beyond, base / r, base * r)
+            r = like(ctx.rng.uniform(1.0, self.b, size=base.shape[0]), base)
+            row[:] = xp.where(beyond, base / r, base * r)
         return out

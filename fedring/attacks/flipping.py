@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
-
+from fedring.arrays import Array, array_namespace
 from fedring.validate import choice, real
 
 from ..errors import ConfigError
@@ -12,10 +11,11 @@ from .base import ATTACKS, AttackContext, ModelAttack, column_sum, known, mean
 SOURCES = ("own", "mean", "sum")
 
 
-def _reference(source: str, byz: np.ndarray, honest: np.ndarray | None) -> np.ndarray:
+def _reference(source: str, byz: Array, honest: Array | None) -> Array:
     """The attackers' own rows (b, d), or the honest mean or sum (d,), in float64."""
     if source == "own":
-        return byz.astype(np.float64)
+        xp = array_namespace(byz)
+        return xp.astype(byz, xp.float64)
     honest = known(honest)
     return mean(honest) if source == "mean" else column_sum(honest)
 
@@ -53,14 +53,15 @@ class SignFlip(ModelAttack):
 
     name = "signflip"
     blockwise = True
+    on_device = True
 
     def __init__(self, source: str = "own", scale: float = 1.0):
         self.source = choice("attack.source", source, SOURCES)
         self.scale = real("attack.scale", scale, lo=0.0, lo_open=True)
         self.knowledge = "own" if source == "own" else "omniscient"
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        return np.broadcast_to(-self.scale * _reference(self.source, byz, honest), byz.shape)
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
+        return array_namespace(byz).broadcast_to(-self.scale * _reference(self.source, byz, honest), byz.shape)
 
 
 @ATTACKS.register
@@ -96,6 +97,7 @@ class Scaling(ModelAttack):
 
     name = "scaling"
     blockwise = True
+    on_device = True
 
     def __init__(self, factor: float = 10.0, source: str = "mean"):
         self.factor = real("attack.factor", factor)
@@ -104,5 +106,5 @@ class Scaling(ModelAttack):
         self.source = choice("attack.source", source, SOURCES)
         self.knowledge = "own" if source == "own" else "omniscient"
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        return np.broadcast_to(self.factor * _reference(self.source, byz, honest), byz.shape)
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
+        return array_namespace(byz).broadcast_to(self.factor * _reference(self.source, byz, honest), byz.shape)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
-
+from fedring.arrays import Array, like
 from fedring.validate import real
 
 from .base import ATTACKS, AttackContext, ModelAttack
@@ -41,10 +40,11 @@ class Gaussian(ModelAttack):
 
     name = "gaussian"
     knowledge = "own"
+    on_device = True
 
     def __init__(self, sigma: float = 200.0, mean: float = 0.0):
         self.sigma = real("attack.sigma", sigma, lo=0.0, lo_open=True)
         self.mean = real("attack.mean", mean)
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        return ctx.rng.normal(self.mean, self.sigma, size=byz.shape)
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
+        return like(ctx.rng.normal(self.mean, self.sigma, size=byz.shape), byz)

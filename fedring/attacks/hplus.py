@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
+from fedring.arrays import Array, array_namespace
 
 from .base import ATTACKS, AttackContext, ModelAttack, known, mean
 
@@ -34,6 +34,8 @@ class HPlusAttack(ModelAttack):
     name = "hplus_attack"
     knowledge = "omniscient"
     blockwise = True
+    on_device = True
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        return np.broadcast_to(-mean(known(honest)), byz.shape)
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
+        mu = mean(known(honest))
+        return array_namespace(mu).broadcast_to(-mu, byz.shape)

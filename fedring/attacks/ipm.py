@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.arrays import Array, array_namespace, like
 from fedring.validate import real
 
 from .base import ATTACKS, AttackContext, ModelAttack, by_columns, known, mean
@@ -45,17 +46,19 @@ class IPM(ModelAttack):
     name = "ipm"
     knowledge = "omniscient"
     blockwise = True
+    on_device = True
 
     def __init__(self, epsilon: float = 1.3, jitter: float = 0.0):
         self.epsilon = real("attack.epsilon", epsilon, lo=0.0, lo_open=True)
         self.jitter = real("attack.jitter", jitter, lo=0.0)
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
         eps = np.full((byz.shape[0], 1), self.epsilon)
         if self.jitter:
             eps += ctx.rng.uniform(-self.jitter, self.jitter, size=eps.shape)
         mu = mean(known(honest))
-        return by_columns(byz.shape, byz.dtype, lambda c: -eps * mu[c])
+        neg = like(-eps, mu)
+        return by_columns(byz, lambda c: neg * mu[c])
 
 
 @ATTACKS.register
@@ -88,9 +91,11 @@ class FoE(ModelAttack):
     name = "foe"
     knowledge = "omniscient"
     blockwise = True
+    on_device = True
 
     def __init__(self, q: float = -0.1):
         self.q = real("attack.q", q)
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        return np.broadcast_to(self.q * mean(known(honest)), byz.shape)
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
+        mu = mean(known(honest))
+        return array_namespace(mu).broadcast_to(self.q * mu, byz.shape)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.arrays import Array, array_namespace
 from fedring.validate import integer
 
 from ..errors import ConfigError
 from .base import ATTACKS, AttackContext, ModelAttack, known, mean, row_products
 
 
-def mimic_target(honest: np.ndarray) -> int:
+def mimic_target(honest: Array) -> int:
     r"""The honest client farthest from the mean along the direction of largest variance.
 
     .. math:: k^* = \arg\max_k |z^\top (g_k - \mu)|, \qquad
@@ -23,7 +24,7 @@ def mimic_target(honest: np.ndarray) -> int:
     """
     mu = mean(honest)
 
-    def gram(c: slice, x: np.ndarray) -> tuple[np.ndarray]:
+    def gram(c: slice, x: Array) -> tuple[Array]:
         x -= mu[c]
         return (x @ x.T,)
 
@@ -65,6 +66,7 @@ class Mimic(ModelAttack):
     name = "mimic"
     knowledge = "omniscient"
     blockwise = True
+    on_device = True
 
     def __init__(self, worker: int | None = None):
         self.worker = None if worker is None else integer("attack.worker", worker, lo=0)
@@ -74,7 +76,7 @@ class Mimic(ModelAttack):
             return ConfigError("attack.worker", f"must be < the number of honest clients ({n - b}), got {self.worker}")
         return None
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
         honest = known(honest)
         k = mimic_target(honest) if self.worker is None else self.worker
-        return np.broadcast_to(honest[k], byz.shape)
+        return array_namespace(honest).broadcast_to(honest[k], byz.shape)

@@ -4,32 +4,34 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.arrays import Array, array_namespace
 from fedring.validate import choice, real
 
-from .base import ATTACKS, AttackContext, ModelAttack, known, mean, row_products, squared_distances, std
+from .base import ATTACKS, AttackContext, ModelAttack, known, mean, norm, row_products, squared_distances, std
 
 PERTURBATIONS = ("unit_vec", "std", "sign")
 
 
-def perturbation(honest: np.ndarray, kind: str) -> np.ndarray:
+def perturbation(honest: Array, kind: str) -> Array:
     r"""The direction dev with :math:`\nabla^p = -\text{dev}`: μ/‖μ‖₂, sign(μ) or std (ddof = 1).
 
     A zero mean gives a zero unit vector (the attack then sends μ). In float64, whatever the
     dtype of ``honest``.
     """
     mu = mean(honest)
+    xp = array_namespace(mu)
     if kind == "unit_vec":
-        norm = np.linalg.norm(mu)
-        return mu / norm if norm > 0 else np.zeros_like(mu)
+        length = norm(mu)
+        return mu / length if length > 0 else xp.zeros_like(mu)
     if kind == "sign":
-        return np.sign(mu)
+        return xp.sign(mu)
     return std(honest, 1, "perturbation std")
 
 
 def min_max_sum_gamma(
-    honest: np.ndarray,
+    honest: Array,
     kind: str,
-    dev: np.ndarray,
+    dev: Array,
     gamma_init: float = 10.0,
     tol: float = 1e-5,
     bound: str = "max",
@@ -56,7 +58,7 @@ def min_max_sum_gamma(
     """
     mu = mean(honest)
 
-    def products(c: slice, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def products(c: slice, x: Array) -> tuple[Array, Array]:
         x -= mu[c]
         return x @ x.T, x @ dev[c]
 
@@ -118,6 +120,7 @@ class MinMax(ModelAttack):
     name = "minmax"
     knowledge = "omniscient"
     blockwise = True
+    on_device = True
     constraint = "minmax"
 
     def __init__(self, perturbation: str = "std", gamma_init: float = 10.0, tol: float = 1e-5):
@@ -126,17 +129,17 @@ class MinMax(ModelAttack):
         self.tol = real("attack.tol", tol, lo=0.0, lo_open=True)
         self.bound = "max"
 
-    def gamma(self, honest: np.ndarray) -> tuple[float, np.ndarray]:
+    def gamma(self, honest: Array) -> tuple[float, Array]:
         """γ* and dev for these honest gradients."""
         dev = perturbation(honest, self.perturbation)
         gamma = min_max_sum_gamma(honest, self.constraint, dev, self.gamma_init, self.tol, self.bound)
         return gamma, dev
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
         honest = known(honest)
         mu = mean(honest)
         gamma, dev = self.gamma(honest)
-        return np.broadcast_to(mu - gamma * dev, byz.shape)
+        return array_namespace(mu).broadcast_to(mu - gamma * dev, byz.shape)
 
 
 @ATTACKS.register

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from fedring.arrays import Array, array_namespace, like
 from fedring.validate import choice, real
 
 from .base import ATTACKS, AttackContext, ModelAttack
@@ -46,19 +47,20 @@ class NonFinite(ModelAttack):
 
     name = "nonfinite"
     knowledge = "own"
+    on_device = True
 
     def __init__(self, value: str = "nan", fraction: float = 1.0):
         self.value = choice("attack.value", value, (*VALUES, "mixed"))
         self.fraction = real("attack.fraction", fraction, lo=0.0, lo_open=True, hi=1.0)
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
-        out = byz.copy()
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
+        out = array_namespace(byz).asarray(byz, copy=True)
         d = out.shape[1]
         k = math.ceil(self.fraction * d)
         for row in out:
-            where = slice(None) if k == d else ctx.rng.choice(d, k, replace=False)
+            where = slice(None) if k == d else like(ctx.rng.choice(d, k, replace=False), row)
             if self.value == "mixed":
-                row[where] = ctx.rng.choice(list(VALUES.values()), size=k)
+                row[where] = like(ctx.rng.choice(list(VALUES.values()), size=k), row)
             else:
                 row[where] = VALUES[self.value]
         return out

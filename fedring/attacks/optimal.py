@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
+from fedring.arrays import Array, array_namespace, device
 from fedring.validate import integer, real
 
 from ..errors import ConfigError
-from .base import ATTACKS, AttackContext, ModelAttack, by_columns, known, mean, std
+from .base import ATTACKS, AttackContext, ModelAttack, by_columns, empty, known, mean, norm, std
 
 #: smallest relative improvement of the objective that moves the line search (rounding is ~1e-16)
 GAIN = 1e-12
@@ -77,6 +76,7 @@ class _Optimal(ModelAttack):
 
     knowledge = "omniscient"
     blockwise = True
+    on_device = True
     min_honest = 1
 
     def __init__(self, evals: int = 20, start: float = 0.0, delta: float = 10.0, ratio: float = 0.8):
@@ -96,40 +96,41 @@ class _Optimal(ModelAttack):
             )
         return None
 
-    def statistics(self, honest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def statistics(self, honest: Array) -> tuple[Array, Array]:
         raise NotImplementedError
 
     @staticmethod
-    def candidate(tau: float, mu: np.ndarray, other: np.ndarray) -> np.ndarray:
+    def candidate(tau: float, mu: Array, other: Array) -> Array:
         raise NotImplementedError
 
     def search(
         self,
-        honest: np.ndarray,
-        mu: np.ndarray,
-        other: np.ndarray,
+        honest: Array,
+        mu: Array,
+        other: Array,
         b: int,
-        aggregate: Callable[[np.ndarray], np.ndarray],
+        aggregate: Callable[[Array], Array],
     ) -> float:
         """ByzFL's τ: maximise ``‖aggregate(honest rows, then b copies of candidate(τ)) − μ_H‖``."""
         h = honest.shape[0]
-        rows = np.empty((h + b, honest.shape[1]))  # float64, one buffer for every evaluation
+        xp = array_namespace(honest)
+        rows = empty(honest, (h + b, honest.shape[1]), xp.float64)  # one buffer for every evaluation
         rows[:h] = honest
 
         def distance(tau: float) -> float:
             rows[h:] = self.candidate(tau, mu, other)
-            out = np.asarray(aggregate(rows), dtype=np.float64)
-            return float(np.linalg.norm(out - mu))
+            out = xp.asarray(aggregate(rows), dtype=xp.float64, device=device(rows))
+            return norm(out - mu)
 
         return byzfl_line_search(distance, self.evals, self.start, self.delta, self.ratio)
 
-    def craft(self, byz: np.ndarray, honest: np.ndarray | None, ctx: AttackContext) -> np.ndarray:
+    def craft(self, byz: Array, honest: Array | None, ctx: AttackContext) -> Array:
         honest = known(honest)
         if ctx.aggregator is None:
             raise ConfigError("attack", f"{self.name} needs the defence's aggregation rule, and none was given")
         mu, other = self.statistics(honest)
         tau = self.search(honest, mu, other, byz.shape[0], ctx.aggregator)
-        return by_columns(byz.shape, byz.dtype, lambda c: self.candidate(tau, mu[c], other[c]))
+        return by_columns(byz, lambda c: self.candidate(tau, mu[c], other[c]))
 
 
 @ATTACKS.register

@@ -15,17 +15,37 @@ separately.
 Targets (issue 4): for the paper's client counts, at least 10x faster than the paper for
 every rule it timed above 10 s, at least 2x for the others, and never more than 3 input
 copies of extra memory.
+
+``--device DEV`` (``cpu``, ``cuda``, ``cuda:1`` ...) times each rule on the same rows as a torch
+tensor on that device instead (docs/arrays.md, "Measuring on a GPU"): the call includes the
+rule's own copies to the host if it runs there (``on_device`` false), a CUDA device is
+synchronised before and after it, and the memory is the peak of
+``torch.cuda.max_memory_allocated`` above what was allocated before the call (on the CPU device
+only numpy's allocations are traced, so none is reported). With ``--device cpu`` the numpy
+figure of the same rule is measured beside it. Targets are not checked on a device.
+``--byzfl`` also times ByzFL 0.0.11's torch implementation of the rules it has, on the same
+tensor on the same device and with the same f and parameters (:data:`BYZFL`), and prints the
+ratio ByzFL / fedring of each and their geometric mean; ByzFL is an optional import (its
+aggregator modules alone, without the package's training framework).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
+import importlib.metadata
+import importlib.util
 import json
+import math
 import os
 import platform
+import sys
 import time
 import tracemalloc
+import types
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -100,6 +120,71 @@ ENTRIES: dict[str, tuple[str, dict, tuple, str | None]] = {
 }
 
 
+#: one step of a ByzFL pipeline: a class of ``byzfl.aggregators`` and its constructor's arguments
+Step = tuple[str, dict[str, Any]]
+
+#: entry -> ByzFL 0.0.11's pipeline of the same rule with the same f and parameters
+#: (``byzfl/aggregators/aggregators.py``, ``preaggregators.py``): pre-aggregators, then the rule
+BYZFL: dict[str, Callable[[int, int], list[Step]]] = {
+    "mean": lambda f, n: [("Average", {})],
+    "median": lambda f, n: [("Median", {})],
+    "trimmed_mean": lambda f, n: [("TrMean", {"f": math.floor(0.2 * n + 1e-12)})],  # fedring's fraction 0.2
+    "krum": lambda f, n: [("Krum", {"f": f})],
+    "multikrum": lambda f, n: [("MultiKrum", {"f": f})],
+    "geomed": lambda f, n: [("GeometricMedian", {"nu": 1e-6, "T": 100})],  # fedring's nu and iteration cap
+    "cclip": lambda f, n: [("CenteredClipping", {"L": 3, "tau": 100.0})],  # fedring's 3 iterations, tau 100
+    "cclip-random": lambda f, n: [("Bucketing", {"s": 2}), ("CenteredClipping", {"L": 1, "tau": 100.0})],
+    "mda": lambda f, n: [("MDA", {"f": f})],
+    "monna-0": lambda f, n: [("MoNNA", {"f": f, "idx": 0})],
+    "meamed": lambda f, n: [("Meamed", {"f": f})],
+    "caf-byzfl": lambda f, n: [("CAF", {"f": f})],
+    "smea": lambda f, n: [("SMEA", {"f": f})],
+    "nnm+mean": lambda f, n: [("NNM", {"f": f}), ("Average", {})],
+    "bucketing+mean": lambda f, n: [("Bucketing", {"s": 2}), ("Average", {})],
+    "clipping+mean": lambda f, n: [("Clipping", {"c": 2.0}), ("Average", {})],
+    "arc+mean": lambda f, n: [("ARC", {"f": f}), ("Average", {})],
+}
+
+#: ByzFL's MDA and SMEA try every subset of n - f rows; above this many the call is not timed
+BYZFL_SUBSETS = 100_000
+
+
+def byzfl_module() -> types.ModuleType | None:
+    """ByzFL's ``byzfl.aggregators`` (rules and pre-aggregators), or None if ByzFL is not installed.
+
+    The package's ``__init__`` imports its training framework too (torchvision, matplotlib ...);
+    the aggregators need only torch, numpy and scipy, so the package is entered without it.
+    """
+    spec = importlib.util.find_spec("byzfl")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    if "byzfl" not in sys.modules:
+        package = types.ModuleType("byzfl")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["byzfl"] = package
+    try:
+        return importlib.import_module("byzfl.aggregators")
+    except ImportError as e:  # its aggregators import scipy (for numpy input)
+        print(f"--byzfl: ByzFL's aggregators cannot be imported ({e}); its rules are not timed")
+        return None
+
+
+def byzfl_pipeline(module: types.ModuleType, name: str, f: int, n: int) -> tuple[str, Callable[[Any], Any]] | str:
+    """ByzFL's pipeline for entry ``name`` as (its description, the call), or why it is not timed."""
+    spec = BYZFL[name](f, n)
+    text = " -> ".join(f"{cls}({', '.join(f'{k}={v!r}' for k, v in kw.items())})" for cls, kw in spec)
+    if name in ("mda", "smea") and math.comb(n, f) > BYZFL_SUBSETS:
+        return f"ByzFL's {text} tries C({n}, {f}) = {math.comb(n, f):.2e} subsets"
+    steps = [getattr(module, cls)(**kw) for cls, kw in spec]
+
+    def call(x: Any) -> Any:
+        for step in steps:
+            x = step(x)
+        return x
+
+    return text, call
+
+
 def declared_f(n: int) -> int:
     """The largest f every rule accepts (Bulyan's n >= 4f + 3)."""
     return max(0, (n - 3) // 4)
@@ -145,6 +230,69 @@ def measure(agg, X: np.ndarray, ref: np.ndarray, state: dict, repeats: int, seed
     }
 
 
+class Device:
+    """Timing on a torch device: the rows there, a clock that waits for the device, its memory peak."""
+
+    def __init__(self, name: str):
+        import torch
+
+        self.torch = torch
+        try:
+            self.device = torch.device(name)
+        except RuntimeError:
+            raise ConfigError("--device", f"not a torch device: {name!r}") from None
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device", f"{name!r} but no GPU is visible to this process")
+        self.cuda = self.device.type == "cuda"
+        self.out_of_memory = (torch.cuda.OutOfMemoryError, MemoryError)
+        self.name = torch.cuda.get_device_name(self.device) if self.cuda else platform.processor() or "cpu"
+
+    def put(self, a: np.ndarray) -> Any:
+        return self.torch.from_numpy(a).to(self.device)
+
+    def release(self) -> None:
+        """Give the memory of a call that failed back to the device."""
+        gc.collect()
+        if self.cuda:
+            self.torch.cuda.empty_cache()
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+
+    def time(self, fn: Callable[[int], Any], repeats: int) -> dict:
+        """Median wall time of ``repeats`` calls ``fn(r)`` after an untimed one (the device's first
+        calls load kernels and fill its allocator's cache), then the device memory peak of one more
+        above what was allocated before it (None off CUDA)."""
+        fn(-1)
+        times = []
+        for r in range(repeats):
+            gc.collect()
+            self.sync()
+            t0 = time.perf_counter()
+            fn(r)
+            self.sync()
+            times.append(time.perf_counter() - t0)
+        peak = None
+        if self.cuda:
+            gc.collect()
+            before = self.torch.cuda.memory_allocated(self.device)
+            self.torch.cuda.reset_peak_memory_stats(self.device)
+            fn(repeats)
+            self.sync()
+            peak = self.torch.cuda.max_memory_allocated(self.device) - before
+        return {"seconds": float(np.median(times)), "times": times, "peak_bytes": peak}
+
+    def measure(self, agg, X: Any, ref: Any, state: dict, repeats: int, seed: int) -> dict:
+        """:func:`measure` on the device: the rule's calls on the tensors ``X`` and ``ref``."""
+        return self.time(
+            lambda r: agg.aggregate(
+                X, state=state, reference=ref, rng=np.random.default_rng([seed, r % (repeats + 1)])
+            ),
+            repeats,
+        )
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m fedring bench aggregators", description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", default="16,64", help="comma-separated client counts (default 16,64)")
@@ -153,6 +301,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rules", help=f"comma-separated entries (default all): {','.join(ENTRIES)}")
     p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--device", help="time the rules on the rows as a torch tensor on this device (cpu, cuda ...) instead"
+    )
+    p.add_argument("--byzfl", action="store_true", help="with --device: also time ByzFL's rules (where installed)")
     args = p.parse_args(argv)
     try:
         clients = [int(c) for c in args.clients.split(",") if c]
@@ -168,6 +320,12 @@ def main(argv: list[str]) -> int:
         raise ConfigError("--rules", f"unknown {', '.join(unknown)}; allowed: {', '.join(ENTRIES)}")
     if "mean" not in names:
         names.insert(0, "mean")  # the yardstick
+    if args.byzfl and args.device is None:
+        raise ConfigError("--byzfl", "times ByzFL's torch rules on a device: give --device too")
+    dev = None if args.device is None else Device(args.device)
+    if args.byzfl and "byzfl" not in sys.modules and importlib.util.find_spec("byzfl") is None:
+        print("--byzfl: ByzFL is not installed (pip install --no-deps byzfl==0.0.11); its rules are not timed")
+    byzfl = byzfl_module() if args.byzfl else None
 
     records = []
     for n in clients:
@@ -177,6 +335,7 @@ def main(argv: list[str]) -> int:
         ref = rng.standard_normal(args.dim, dtype=np.float32)
         input_bytes = X.nbytes
         f = declared_f(n)
+        on_dev = None if dev is None else (dev.put(X), dev.put(ref))
         yardstick = None
         for name in names:
             rule, params, pre, paper_row = ENTRIES[name]
@@ -186,7 +345,15 @@ def main(argv: list[str]) -> int:
                 print(f"skip {name} at n={n}: {reason}", flush=True)
                 continue
             state = prepared_state(agg, n, args.dim, rng)
-            m = measure(agg, X, ref, state, args.repeats, args.seed)
+            if dev is None or on_dev is None:
+                m = measure(agg, X, ref, state, args.repeats, args.seed)
+            else:
+                try:
+                    m = dev.measure(agg, *on_dev, state, args.repeats, args.seed)
+                except dev.out_of_memory as e:
+                    print(f"skip {name} at n={n}: out of memory on {dev.device}: {str(e).splitlines()[0]}", flush=True)
+                    dev.release()
+                    continue
             paper = PAPER[paper_row].get(n) if paper_row else None
             need = None if paper is None else (10.0 if paper > 10 else 2.0)
             speedup = None if paper is None else paper / m["seconds"]
@@ -198,41 +365,150 @@ def main(argv: list[str]) -> int:
                 "f": f,
                 "seconds": m["seconds"],
                 "times": m["times"],
-                "cpu_seconds": m["cpu_seconds"],
+                "cpu_seconds": m.get("cpu_seconds"),
                 "paper_seconds": paper,
                 "speedup": speedup,
                 "target_speedup": need,
                 "peak_extra_bytes": m["peak_bytes"],
-                "peak_extra_copies": m["peak_bytes"] / input_bytes,
+                "peak_extra_copies": None if m["peak_bytes"] is None else m["peak_bytes"] / input_bytes,
                 "state_copies": sum(v.nbytes for v in state.values()) / input_bytes,
             }
-            rec["meets_target"] = (need is None or speedup is None or speedup >= need) and rec[
-                "peak_extra_copies"
-            ] <= 3.0
+            if dev is None:
+                rec["meets_target"] = (need is None or speedup is None or speedup >= need) and rec[
+                    "peak_extra_copies"
+                ] <= 3.0
+            else:
+                rec.update(on_device_record(dev, agg, m, input_bytes))
+                if args.device == "cpu":  # the numpy figure beside the tensor's
+                    rec["numpy_seconds"] = measure(agg, X, ref, state, args.repeats, args.seed)["seconds"]
+                if byzfl is not None and on_dev is not None and name in BYZFL:
+                    rec.update(byzfl_record(byzfl, dev, name, f, n, on_dev[0], X, m["seconds"], args.repeats))
             if name == "mean":
                 yardstick = m["seconds"]
             rec["x_mean"] = m["seconds"] / yardstick if yardstick else None
             records.append(rec)
-            print(row(rec), flush=True)
-        del X
+            print(row(rec) if dev is None else device_row(rec), flush=True)
+            if args.json and dev is not None:  # a long device run keeps what it measured if it is stopped
+                write_json(args.json, records, args.seed, dev, byzfl)
+        del X, on_dev
         gc.collect()
 
     print()
-    print(table(records))
+    print(table(records) if dev is None else device_table(records))
     if args.json:
-        meta = {
-            "machine": {
-                "cpus": os.cpu_count(),
-                "processor": platform.processor() or platform.machine(),
-                "numpy": np.__version__,
-            },
-            "dtype": "float32",
-            "seed": args.seed,
-            "paper": "FedSECA Supp. Table C.2 (8 vCPU, ResNet-18 11.2M parameters)",
-        }
-        with open(args.json, "w") as fh:
-            json.dump({"meta": meta, "records": records}, fh, indent=1)
-    return 0 if all(r["meets_target"] for r in records) else 1
+        write_json(args.json, records, args.seed, dev, byzfl)
+    return 0 if dev is not None or all(r["meets_target"] for r in records) else 1
+
+
+def write_json(path: str, records: list[dict], seed: int, dev: Device | None, byzfl) -> None:
+    meta = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "numpy": np.__version__,
+        },
+        "dtype": "float32",
+        "seed": seed,
+        "paper": "FedSECA Supp. Table C.2 (8 vCPU, ResNet-18 11.2M parameters)",
+    }
+    if dev is not None:
+        meta["device"] = str(dev.device)
+        meta["device_name"] = dev.name
+        meta["torch"] = dev.torch.__version__
+        meta["byzfl"] = None if byzfl is None else importlib.metadata.version("byzfl")
+    with open(path, "w") as fh:
+        json.dump({"meta": meta, "records": records}, fh, indent=1)
+
+
+def on_device_record(dev: Device, agg, m: dict, input_bytes: int) -> dict:
+    """The device figures of one rule's record (memory on CUDA only)."""
+    peak = m["peak_bytes"]
+    return {
+        "device": str(dev.device),
+        "device_name": dev.name,
+        "rule_on_device": bool(getattr(agg, "on_device", False)),
+        "peak_extra_bytes": peak,
+        "peak_extra_copies": None if peak is None else peak / input_bytes,
+        "cpu_seconds": None,
+        "meets_target": None,
+    }
+
+
+def byzfl_record(
+    module, dev: Device, name: str, f: int, n: int, X, X_host: np.ndarray, seconds: float, repeats: int
+) -> dict:
+    """ByzFL's pipeline of entry ``name`` timed on the same tensor ``X`` (rows ``X_host``): its
+    figures and the ratio to fedring's, or why it was not timed."""
+    pipeline = byzfl_pipeline(module, name, f, n)
+    if isinstance(pipeline, str):
+        return {"byzfl": None, "byzfl_skipped": pipeline}
+    call_name, call = pipeline
+    dev.torch.manual_seed(0)  # ByzFL's Bucketing permutes with torch's generator
+    try:
+        b = dev.time(lambda r: call(X), repeats)
+    except dev.out_of_memory as e:
+        dev.release()
+        return {"byzfl": None, "byzfl_skipped": f"{call_name}: out of memory: {str(e).splitlines()[0]}"}
+    finally:
+        if call_name.startswith("ARC"):  # ByzFL's ARC clips the rows it is given in place
+            X.copy_(dev.torch.from_numpy(X_host))
+    return {
+        "byzfl": call_name,
+        "byzfl_seconds": b["seconds"],
+        "byzfl_times": b["times"],
+        "byzfl_peak_extra_bytes": b["peak_bytes"],
+        "byzfl_over_fedring": b["seconds"] / seconds,
+    }
+
+
+def geometric_mean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def times_mean(r: dict) -> str:
+    """The record's time as a multiple of the mean rule's ('-' if the mean rule did not run)."""
+    return "-" if r["x_mean"] is None else f"{r['x_mean']:.1f}"
+
+
+def device_row(r: dict) -> str:
+    mem = "-" if r["peak_extra_copies"] is None else f"{r['peak_extra_copies']:.2f}x"
+    text = (
+        f"{r['rule']:<17} n={r['clients']:<4} {r['device']:<7} {r['seconds']:8.4f} s  {times_mean(r):>6}x mean  "
+        f"mem {mem:<6} {'on device' if r['rule_on_device'] else 'host copy'}"
+    )
+    if "numpy_seconds" in r:
+        text += f"  numpy {r['numpy_seconds']:.4f} s"
+    if r.get("byzfl"):
+        text += f"  ByzFL {r['byzfl_seconds']:.4f} s ({r['byzfl_over_fedring']:.2f}x)"
+    elif r.get("byzfl_skipped"):
+        text += f"  ByzFL not timed: {r['byzfl_skipped']}"
+    return text
+
+
+def device_table(records: list[dict]) -> str:
+    numpy_col = any("numpy_seconds" in r for r in records)
+    head = "| rule | clients | device | runs | fedring (s) | x mean | peak extra memory (x input) |"
+    head += " numpy (s) |" * numpy_col + " ByzFL (s) | ByzFL / fedring |"
+    lines = [head, "|---" * head.count(" |") + "|"]
+    for r in records:
+        mem = "—" if r["peak_extra_copies"] is None else f"{r['peak_extra_copies']:.2f}"
+        line = (
+            f"| {r['rule']} | {r['clients']} | {r['device']} | {'device' if r['rule_on_device'] else 'host copy'} "
+            f"| {r['seconds']:.4f} | {times_mean(r)} | {mem} |"
+        )
+        if numpy_col:
+            line += f" {r['numpy_seconds']:.4f} |"
+        if r.get("byzfl"):
+            line += f" {r['byzfl_seconds']:.4f} | {r['byzfl_over_fedring']:.2f} |"
+        else:
+            line += " — | — |"
+        lines.append(line)
+    for n in sorted({r["clients"] for r in records}):
+        ratios = [r["byzfl_over_fedring"] for r in records if r["clients"] == n and r.get("byzfl")]
+        gm = geometric_mean(ratios)
+        if gm is not None:
+            lines.append(f"\nByzFL / fedring at n={n}, geometric mean over {len(ratios)} rules: {gm:.2f}")
+    return "\n".join(lines)
 
 
 def row(r: dict) -> str:

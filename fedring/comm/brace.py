@@ -73,6 +73,15 @@ honest addition after it are clipped to ``[-M, M]`` (``M`` = 127 for int8), as a
 wire format must (rather than widening the type, which would change the bytes measured);
 honest traffic never reaches the clip since ``|S| <= n <= M``.
 
+Where it runs: the rows may be numpy arrays or device arrays (torch tensors, docs/arrays.md).
+Every phase runs on the rows' device, written once through their namespace where the array API
+has the operations; the bit packing, which torch lacks, is numpy's ``packbits`` on the host and
+:mod:`fedring.comm._brace_torch` (imported on the first tensor) on a device, the same bytes. On
+numpy rows phase I is computed chunk by chunk while the partial counts into each chunk travel,
+and row 0 decodes each chunk of phase IV while the next travels; on a device each is a few
+passes over all rows. The bytes, the ledger and the update are the same bits either way: sign
+voting is integer arithmetic.
+
 sign(0), which the paper never defines: ``sign_zero`` (0 by default, as ``np.sign``) is the vote
 of a coordinate that is exactly 0 (or not finite: NaN or an infinity). With 0 such a client
 abstains; with +-1 every client votes, which is what makes the parity check possible.
@@ -82,19 +91,21 @@ The paper's Fig. 1 worked through: :class:`Brace`'s example.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from mpi4py import MPI
 from numpy.typing import DTypeLike
 
+from fedring.arrays import array_namespace, device, host, like, on_host, strided
 from fedring.errors import ConfigError
 from fedring.rng import Stream, generator
 from fedring.validate import choice, integer, known_keys, real
 
-from .network import Network, block_bounds
+from .network import Layout, Network, block_bounds, host_dtype
 from .ring import (
     RING_RULES,
     Aggregation,
@@ -135,19 +146,30 @@ def count_dtype(n: int) -> np.dtype:
 
 
 BLOCK = 1 << 16  # elements per pass: keeps the temporaries in cache
+#: elements per pass on a device: bounds the temporaries, in a few kernel launches per row
+DEVICE_BLOCK = 1 << 24
 
 
-def quantize(grads: np.ndarray, sign_zero: int, dtype: DTypeLike, out: np.ndarray | None = None) -> np.ndarray:
+def xp_dtype(xp, dtype: DTypeLike):
+    """The numpy dtype ``dtype`` (int8, uint8, float32, ...) in the namespace ``xp``."""
+    return getattr(xp, np.dtype(dtype).name)
+
+
+def quantize(grads, sign_zero: int, dtype: DTypeLike, out=None):
     """Phase I: element-wise sign in ``dtype``, with ``sign(0) = sign_zero``.
 
     A non-finite coordinate (NaN, +-inf: only a Byzantine client sends one) votes
-    ``sign_zero`` too, so it weighs no more than an honest zero.
+    ``sign_zero`` too, so it weighs no more than an honest zero. ``grads`` may be a device
+    array: the votes are then computed there, in ``dtype`` (:func:`xp_dtype`).
 
     >>> quantize(np.array([2.0, 0.0, -1.0, np.nan, np.inf, -np.inf]), 0, np.int8)
     array([ 1,  0, -1,  0,  0,  0], dtype=int8)
     """
+    if not on_host(grads):
+        return _quantize_device(grads, sign_zero, dtype, out)
     flat = np.ascontiguousarray(grads).reshape(-1)
     q = np.empty(flat.size, dtype) if out is None else out.reshape(-1)
+    finite = np.empty(min(flat.size, BLOCK), bool)
     for s in range(0, flat.size, BLOCK):
         x, out = flat[s : s + BLOCK], q[s : s + BLOCK]
         if sign_zero == 0:
@@ -156,11 +178,63 @@ def quantize(grads: np.ndarray, sign_zero: int, dtype: DTypeLike, out: np.ndarra
             np.subtract(1, np.multiply(x < 0, 2, dtype=dtype), out=out)
         else:
             np.subtract(np.multiply(x > 0, 2, dtype=dtype), 1, out=out)
-        with np.errstate(over="ignore", invalid="ignore"):
-            finite = np.isfinite(np.add.reduce(x))  # one cheap pass; rarely false
-        if not finite:
-            out[~np.isfinite(x)] = sign_zero
+        ok = np.isfinite(x, out=finite[: x.size])  # half the time of a float sum; rarely false
+        if not ok.all():
+            out[~ok] = sign_zero
     return q.reshape(grads.shape)
+
+
+def _quantize_device(grads, sign_zero: int, dtype: DTypeLike, out=None):
+    """:func:`quantize` of a device array, through its namespace, :data:`DEVICE_BLOCK` elements a pass."""
+    xp = array_namespace(grads)
+    dt = xp_dtype(xp, dtype)
+    q = xp.empty(tuple(grads.shape), dtype=dt, device=device(grads)) if out is None else out
+    flat, votes = xp.reshape(grads, (-1,)), xp.reshape(q, (-1,))  # ``q`` is contiguous: a view
+    abstain = xp.asarray(sign_zero, dtype=dt, device=device(grads))
+    for s in range(0, flat.shape[0], DEVICE_BLOCK):
+        x, v = flat[s : s + DEVICE_BLOCK], votes[s : s + DEVICE_BLOCK]
+        if sign_zero == 0:
+            v[...] = xp.astype(x > 0, dt) - xp.astype(x < 0, dt)
+        elif sign_zero == 1:
+            v[...] = 1 - 2 * xp.astype(x < 0, dt)
+        else:
+            v[...] = 2 * xp.astype(x > 0, dt) - 1
+        v[...] = xp.where(xp.isfinite(x), v, abstain)  # no test: it would wait for the device
+    return q
+
+
+def packbits(bits):
+    """``numpy.packbits(bits, axis=-1)`` on either kind: bools ``(..., s)`` -> uint8 ``(..., ceil(s / 8))``,
+    most significant bit first, each row's last byte padded with zero bits.
+
+    >>> packbits(np.array([True, False, True])).tolist()
+    [160]
+    """
+    if on_host(bits):
+        return np.packbits(bits, axis=-1)
+    from . import _brace_torch
+
+    return _brace_torch.packbits(bits)
+
+
+def unpackbits(packed, count: int):
+    """The inverse of :func:`packbits` on either kind: uint8 ``(..., b)`` -> the first ``count`` bools of each row.
+
+    >>> unpackbits(np.array([160], np.uint8), 3).tolist()
+    [True, False, True]
+    """
+    if on_host(packed):
+        return np.unpackbits(packed, axis=-1, count=count).view(bool)
+    from . import _brace_torch
+
+    return _brace_torch.unpackbits(packed, count)
+
+
+def count_true(mask) -> int:
+    """The number of True entries of the bool array ``mask`` (either kind)."""
+    if on_host(mask):
+        return int(np.count_nonzero(mask))
+    return int(array_namespace(mask).count_nonzero(mask))
 
 
 class Packing:
@@ -169,7 +243,8 @@ class Packing:
     ``planes = 1`` encodes {-1, +1} as one bit per coordinate (1 = +1). ``planes = 2`` encodes
     {-1, 0, +1} as two bit planes per chunk, a "nonzero" plane then a "positive" plane.
     A chunk of ``s`` coordinates takes ``planes * ceil(s / 8)`` bytes; ``byte_bounds`` are
-    the chunks' offsets in a packed row.
+    the chunks' offsets in a packed row. Packed rows may be numpy arrays or device arrays (the
+    same bytes: :func:`packbits`).
     """
 
     def __init__(self, bounds: np.ndarray, planes: int):
@@ -177,28 +252,52 @@ class Packing:
         self.plane_bytes = -(-np.diff(bounds) // 8)
         self.byte_bounds = np.concatenate([[0], np.cumsum(planes * self.plane_bytes)])
 
-    def encode(self, positive: np.ndarray, nonzero: np.ndarray | None) -> np.ndarray:
+    def encode(self, positive, nonzero):
+        """The bytes of chunks of one size: bit planes ``(..., s)`` (either kind) -> ``(..., planes * ceil(s / 8))``."""
         if self.planes == 1:
-            return np.packbits(positive)
+            return packbits(positive)
         assert nonzero is not None, "two planes encode the zeros too"
-        return np.concatenate([np.packbits(nonzero), np.packbits(positive)])
+        return array_namespace(positive).concat([packbits(nonzero), packbits(positive)], axis=-1)
 
-    def signs(self, seg: np.ndarray, c: int) -> np.ndarray:
+    def signs(self, seg, c: int):
         """The "positive" plane of chunk ``c``'s bytes ``seg`` (a view: flipping it flips signs)."""
-        return seg[(self.planes - 1) * self.plane_bytes[c] :]
+        return seg[int((self.planes - 1) * self.plane_bytes[c]) :]
 
-    def nonzero(self, seg: np.ndarray, c: int) -> np.ndarray:
+    def nonzero(self, seg, c: int):
+        """The "nonzero" plane of chunk ``c``'s bytes ``seg`` as bools, of the kind of ``seg``."""
         size = int(self.bounds[c + 1] - self.bounds[c])
         if self.planes == 1:
-            return np.ones(size, bool)
-        return np.unpackbits(seg[: self.plane_bytes[c]], count=size).view(bool)
+            xp = array_namespace(seg)
+            return xp.ones(size, dtype=xp.bool, device=device(seg))
+        return unpackbits(seg[: int(self.plane_bytes[c])], size)
 
-    def decode(self, row: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """A packed row -> the consensus vector (float32, or into ``out``)."""
+    def decode(self, row, out=None):
+        """A packed row -> the consensus vector (float32, or into ``out``), on the row's device."""
+        if not on_host(row):
+            return self._decode_device(row, out)
         out = np.empty(int(self.bounds[-1]), np.float32) if out is None else out
         for c in range(len(self.bounds) - 1):
             for piece in self.pieces(row, out, c):
                 piece()
+        return out
+
+    def _decode_device(self, row, out=None):
+        """:meth:`decode` of a device row: the chunks of one size (``array_split`` bounds have at most two
+        sizes) as one ``(chunks, planes, bytes)`` block each, a few kernel launches in all."""
+        xp, where = array_namespace(row), device(row)
+        b, pb = self.bounds, self.byte_bounds
+        out = xp.empty(int(b[-1]), dtype=xp.float32, device=where) if out is None else out
+        sizes = np.diff(b)
+        edges = [0, *(np.flatnonzero(np.diff(sizes)) + 1).tolist(), len(sizes)]
+        for lo, hi in itertools.pairwise(edges):
+            size, width = int(sizes[lo]), int(self.plane_bytes[lo])
+            if size == 0:
+                continue
+            bits = unpackbits(xp.reshape(row[int(pb[lo]) : int(pb[hi])], (hi - lo, self.planes, width)), size)
+            values = 2 * xp.astype(bits[:, -1, :], xp.int8) - 1
+            if self.planes == 2:
+                values = values * xp.astype(bits[:, 0, :], xp.int8)  # in int8, as on the host: 0, never -0.0
+            out[int(b[lo]) : int(b[hi])] = xp.reshape(xp.astype(values, xp.float32), (-1,))
         return out
 
     def pieces(self, row: np.ndarray, out: np.ndarray, c: int) -> list:
@@ -234,6 +333,25 @@ class RelayCounts:
         comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
         n = len(self.detections)
         return RelayCounts(flat[:n], *(int(v) for v in flat[n:]))
+
+
+def owned_runs(layout: Layout, bounds: np.ndarray) -> list[tuple[int, int, int]]:
+    """The chunks this rank's clients own after Share-Reduce, as runs ``(row, chunk, rows)``: local rows
+    ``row .. row + rows - 1`` own the consecutive chunks ``chunk ..``, all of one nonzero size, so that
+    each run is one strided view of the rows (:func:`fedring.arrays.strided`).
+
+    >>> owned_runs(Layout(4, MPI.COMM_SELF), block_bounds(10, 4))  # chunk sizes 3, 3, 2, 2
+    [(0, 1, 1), (1, 2, 2), (3, 0, 1)]
+    """
+    n, sizes = len(bounds) - 1, np.diff(bounds)
+    runs: list[list[int]] = []
+    for k, i in enumerate(layout.local_clients):
+        c = owned_chunk(i, n)
+        if runs and c == runs[-1][1] + runs[-1][2] and sizes[c] == sizes[runs[-1][1]]:
+            runs[-1][2] += 1
+        else:
+            runs.append([k, c, 1])
+    return [(k, c, m) for k, c, m in runs if sizes[c]]
 
 
 class SignRule(RingRule):
@@ -286,6 +404,8 @@ class SignRule(RingRule):
 
     #: the rule's own keys (its section also takes :data:`COMMON_KEYS`)
     own_keys: tuple[str, ...] = ()
+    #: the four phases run on device rows too (docs/arrays.md)
+    on_device = True
     #: whether phase III has three values (two bit planes in Share-Only)
     three_valued = True
     #: settings the Python API takes and a training run refuses, with why
@@ -319,7 +439,7 @@ class SignRule(RingRule):
             raise ConfigError(key, f"must be a probability in [0, 1], got {value!r}")
         self.set_byzantine(params.get("relay_clients", []))
         self.dtype = count_dtype(n_clients)
-        self._buffers: dict[str, np.ndarray] = {}
+        self._buffers: dict[str, Any] = {}
 
     def configure(self, get) -> None:
         """Read the rule's own keys: ``get(key, default)`` gives ``(value, "<rule>.<key>")``."""
@@ -352,38 +472,44 @@ class SignRule(RingRule):
     # ---------------------------------------------------------------- phase III
 
     @staticmethod
-    def clip(S: np.ndarray, v: int):
-        """``v`` clipped into the count type of ``S`` (thresholds are compared as integers)."""
-        top = int(np.iinfo(S.dtype).max)
-        return S.dtype.type(min(max(v, -top - 1), top))
+    def clip(S, v: int) -> int:
+        """``v`` clipped into the count type of ``S`` (thresholds are compared as integers, exactly,
+        in the type of ``S`` on either kind of array)."""
+        top = int(array_namespace(S).iinfo(S.dtype).max)
+        return min(max(v, -top - 1), top)
 
-    def planes(self, S: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """Phase III on (a chunk of) vote counts ``S``: the "positive" and "nonzero" bit planes.
+    def planes(self, S) -> tuple[Any, Any | None]:
+        """Phase III on (chunks of) vote counts ``S`` (either kind, any shape): the "positive" and
+        "nonzero" bit planes, bool arrays of the kind of ``S``.
 
         The aggregate is ``+1`` where positive, ``-1`` where not (and nonzero), 0 where not
         nonzero; a two-valued rule has no zero plane (None).
         """
         raise NotImplementedError
 
-    def consensus(self, S: np.ndarray) -> np.ndarray:
-        """Phase III as int8 values in {-1, 0, +1}."""
+    def consensus(self, S):
+        """Phase III as int8 values in {-1, 0, +1}, of the kind of ``S``."""
+        xp = array_namespace(S)
         positive, nonzero = self.planes(S)
-        values = np.where(positive, 1, -1).astype(np.int8)
-        return values if nonzero is None else values * nonzero
+        values = 2 * xp.astype(positive, xp.int8) - 1
+        return values if nonzero is None else values * xp.astype(nonzero, xp.int8)
 
-    def centralized(self, G: np.ndarray) -> np.ndarray:
-        """The same aggregate from all ``(n, d)`` inputs at once, for checks and aggregator-aware attacks."""
-        S = quantize(G, self.sign_zero, np.int8).sum(axis=0, dtype=np.int64)
-        return self.consensus(S.astype(count_dtype(len(G)))).astype(np.float32)
+    def centralized(self, G):
+        """The same aggregate from all ``(n, d)`` inputs at once (either kind), for checks and
+        aggregator-aware attacks."""
+        xp = array_namespace(G)
+        S = xp.sum(quantize(G, self.sign_zero, np.int8), axis=0, dtype=xp.int64)
+        return xp.astype(self.consensus(xp.astype(S, xp_dtype(xp, count_dtype(G.shape[0])))), xp.float32)
 
     # ---------------------------------------------------------------- the round
 
-    def aggregate(self, net: Network, grads: np.ndarray, t: int = 0) -> Aggregation:
+    def aggregate(self, net: Network, grads, t: int = 0) -> Aggregation:
         """One round over the ring: the ``(d,)`` aggregate, identical on every rank, and its figures.
 
-        ``grads`` holds the ``(n_local, d)`` float32 rows of this rank's clients. The update is
-        written into ``grads[0]`` (a view: copy it to keep it once ``grads`` is reused); other
-        rows are left unchanged.
+        ``grads`` holds the ``(n_local, d)`` float32 rows of this rank's clients: numpy, or a device
+        array (every phase then runs on its device, and the update is a device array). The update is
+        written into ``grads[0]`` (a view: copy it to keep it once ``grads`` is reused); other rows
+        are left unchanged.
         """
         lay, n = net.layout, net.n_clients
         if n != self.n_clients:
@@ -394,11 +520,15 @@ class SignRule(RingRule):
         bounds = block_bounds(d, n)
         packing = Packing(bounds, self.bits)
         local_byz = [i for i in lay.local_clients if self.is_byzantine[i]]
+        numpy_rows = on_host(grads)
 
-        counts = self._scratch("counts", grads.shape, self.dtype)
+        counts = self._scratch("counts", (n_local, d), self.dtype, grads)
         if self.check or (self.relay_attack == "bias" and self.is_byzantine.any()):
             quantize(grads, self.sign_zero, self.dtype, out=counts)  # phase I
             self._share_reduce_guarded(net, counts, bounds, local_byz, counted)  # phase II
+        elif not numpy_rows:  # phase I in a few passes over all rows; phase II's local hops are strided
+            quantize(grads, self.sign_zero, self.dtype, out=counts)
+            reduce_scatter(net, counts, bounds, SHARE_REDUCE, check=False)
         else:  # phase I chunk by chunk, each while the partial counts into it travel (phase II)
 
             def pieces(k: int, c: int) -> list:
@@ -413,23 +543,29 @@ class SignRule(RingRule):
                     piece()
             reduce_scatter(net, counts, bounds, SHARE_REDUCE, check=False, ahead=pieces)
 
-        packed = self._scratch("packed", (n_local, int(packing.byte_bounds[-1])), np.uint8)
         pb = packing.byte_bounds
-        for k, i in enumerate(lay.local_clients):  # phase III, on the chunk each client owns
-            c = owned_chunk(i, n)
-            packed[k, pb[c] : pb[c + 1]] = packing.encode(*self.planes(counts[k, bounds[c] : bounds[c + 1]]))
+        row_bytes = int(pb[-1])
+        packed = self._scratch("packed", (n_local, row_bytes), np.uint8, grads)
+        for k, c, m in owned_runs(lay, bounds):  # phase III on the chunks the clients own, a run at a time
+            size, width = int(bounds[c + 1] - bounds[c]), int(pb[c + 1] - pb[c])
+            S = strided(counts, (m, size), k * d + int(bounds[c]), (d + size, 1))
+            wire = strided(packed, (m, width), k * row_bytes + int(pb[c]), (row_bytes + width, 1))
+            wire[...] = packing.encode(*self.planes(S))
 
         # Into grads[0] (consumed by now): a fresh d-vector would cost a page fault per 4 KiB.
-        reuse = grads.dtype == np.float32 and grads[0].flags.c_contiguous and grads.flags.writeable
-        update = grads[0] if reuse else np.empty(d, np.float32)
+        writable = not numpy_rows or (grads[0].flags.c_contiguous and grads.flags.writeable)
+        update = grads[0] if host_dtype(grads) == np.float32 and writable else like(np.empty(d, np.float32), grads)
         if self.relay_attack == "flip" and self.is_byzantine.any():
             self._share_only_flipping(net, packed, packing, local_byz, counted, t)  # phase IV
             honest = np.flatnonzero(~self.is_byzantine)
             observer = int(honest[0]) if len(honest) else 0
             root = lay.owner(observer)
-            row = packed[observer - lay.lo] if lay.rank == root else np.empty(packed.shape[1], np.uint8)
+            row = host(packed[observer - lay.lo]) if lay.rank == root else np.empty(row_bytes, np.uint8)
             net.comm.Bcast(row, root=root)  # simulation only: which replica the run follows
-            packing.decode(row, update)
+            packing.decode(like(row, packed), update)
+        elif not numpy_rows:  # phase IV in strided local hops, then one decoding of the whole row
+            all_gather(net, packed, pb, SHARE_ONLY, check=False)
+            packing.decode(packed[0], update)
         else:  # phase IV; row 0 decodes the chunk it got last while the next one travels
 
             def decoding(k: int, c: int) -> list:
@@ -448,29 +584,38 @@ class SignRule(RingRule):
         figures = {k: np.nan if isinstance(v, float) else 0 for k, v in self.figures(d, update, counted).items()}
         return Aggregation(update, figures, self.per_client(counted), updated=False)
 
-    def _scratch(self, name: str, shape: tuple, dtype) -> np.ndarray:
-        """A work buffer kept across rounds (never handed out)."""
+    def _scratch(self, name: str, shape: tuple, dtype: DTypeLike, ref):
+        """A work buffer kept across rounds (never handed out), of the kind and device of ``ref``."""
         buf = self._buffers.get(name)
-        if buf is None or buf.shape != tuple(shape) or buf.dtype != dtype:
-            buf = self._buffers[name] = np.empty(shape, dtype)
+        same_kind = buf is not None and on_host(buf) == on_host(ref) and device(buf) == device(ref)
+        if buf is None or not same_kind or tuple(buf.shape) != tuple(shape) or host_dtype(buf) != dtype:
+            if on_host(ref):
+                buf = np.empty(shape, dtype)
+            else:
+                xp = array_namespace(ref)
+                buf = xp.empty(shape, dtype=xp_dtype(xp, dtype), device=device(ref))
+            self._buffers[name] = buf
         return buf
 
-    def _share_reduce_guarded(
-        self, net: Network, counts: np.ndarray, bounds: np.ndarray, local_byz, counted: RelayCounts
-    ) -> None:
-        """Phase II step by step, with the relays' bias, the receivers' check and saturation."""
+    def _share_reduce_guarded(self, net: Network, counts, bounds: np.ndarray, local_byz, counted: RelayCounts) -> None:
+        """Phase II step by step, with the relays' bias, the receivers' check and saturation (either kind of rows)."""
         lay, n = net.layout, net.n_clients
-        own = self._scratch("own", counts.shape, counts.dtype)
+        xp = array_namespace(counts)
+        own = self._scratch("own", tuple(counts.shape), self.dtype, counts)
         own[...] = counts
-        top = int(np.iinfo(counts.dtype).max)
+        top = int(xp.iinfo(counts.dtype).max)
+
+        def saturated(wide):  # an int64 sum, clipped into the count type
+            return xp.astype(xp.clip(wide, min=-top, max=top), counts.dtype)
+
         tampering = self.relay_attack == "bias"
         for s in range(n - 1):
             if tampering:
                 for i in local_byz:  # the partial it forwards now is dead for i afterwards
                     c = (i - s) % n
                     part = counts[i - lay.lo, bounds[c] : bounds[c + 1]]
-                    part[...] = np.clip(part.astype(np.int64) + self.relay_bias, -top, top)
-                    counted.tampered_hops += part.size > 0
+                    part[...] = saturated(xp.astype(part, xp.int64) + self.relay_bias)
+                    counted.tampered_hops += bool(bounds[c + 1] > bounds[c])
             net.ring_step(counts, bounds, rotation(-s, n), None, SHARE_REDUCE)
             k = s + 1  # contributors to every count received in step s
             for j in lay.local_clients:
@@ -479,18 +624,20 @@ class SignRule(RingRule):
                 if self.check and not self.is_byzantine[j]:
                     bad = (got > k) | (got < -k)
                     if self.sign_zero:
-                        bad |= ((got ^ k) & 1).astype(bool)
-                    flagged = int(np.count_nonzero(bad))
+                        bad |= ((got ^ k) & 1) != 0
+                    flagged = count_true(bad)
                     if flagged:
                         counted.detections[(j - 1) % n] += 1
                         counted.flagged += flagged
                         got[bad] = (k % 2) * self.sign_zero
-                got[...] = np.clip(got.astype(np.int64) + own[j - lay.lo, bounds[c] : bounds[c + 1]], -top, top)
+                mine = own[j - lay.lo, bounds[c] : bounds[c + 1]]
+                got[...] = saturated(xp.astype(got, xp.int64) + xp.astype(mine, xp.int64))
 
     def _share_only_flipping(
-        self, net: Network, packed: np.ndarray, packing: Packing, local_byz, counted: RelayCounts, t: int
+        self, net: Network, packed, packing: Packing, local_byz, counted: RelayCounts, t: int
     ) -> None:
-        """Phase IV of round ``t`` with Byzantine relays flipping the signs they forward (the first on each path)."""
+        """Phase IV of round ``t`` with Byzantine relays flipping the signs they forward (the first on
+        each path). The flips are the round's numpy draws on either kind of rows."""
         lay, n = net.layout, net.n_clients
         b, pb = packing.bounds, packing.byte_bounds
         rngs = {i: generator(self.seed, Stream.RELAY_FLIP, client=i, step=t) for i in local_byz}
@@ -505,16 +652,16 @@ class SignRule(RingRule):
                 seg = packed[i - lay.lo, pb[c] : pb[c + 1]]
                 flips = np.ones(size, bool) if self.flip_prob == 1.0 else rngs[i].random(size) < self.flip_prob
                 counted.tampered_hops += 1
-                counted.flipped_signs += int(np.count_nonzero(packing.nonzero(seg, c) & flips))
-                packing.signs(seg, c)[...] ^= np.packbits(flips)
+                counted.flipped_signs += count_true(packing.nonzero(seg, c) & like(flips, seg))
+                packing.signs(seg, c)[...] ^= like(np.packbits(flips), seg)
             net.ring_step(packed, pb, rotation(1 - s, n), None, SHARE_ONLY)
 
     # ---------------------------------------------------------------- reporting
 
-    def figures(self, d: int, update: np.ndarray, counted: RelayCounts) -> dict[str, float | int]:
+    def figures(self, d: int, update, counted: RelayCounts) -> dict[str, float | int]:
         """Scalars of a round: the paper's cost formula, the drift diagnostic, detections, tampering."""
         n = self.n_clients
-        plus, minus = int(np.count_nonzero(update > 0)), int(np.count_nonzero(update < 0))
+        plus, minus = count_true(update > 0), count_true(update < 0)
         out: dict[str, float | int] = {
             "paper_formula_bytes": paper_bytes(n, d),
             "rar_formula_bytes": 2 * 32 * d * (n - 1) / n / 8,
@@ -588,7 +735,7 @@ class Brace(SignRule):
             raise ConfigError(f"{self.name}.lambda", f"the symmetric rule needs lambda >= 0, got {self.lam:g}")
         self.three_valued = self.brace_rule == "symmetric"
 
-    def planes(self, S: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def planes(self, S) -> tuple[Any, Any | None]:
         """``S > lambda`` iff ``S > floor(lambda)`` for integer ``S``, clipped into the count type
         (so lambda >= n gives all -1 and lambda < -n all +1)."""
         floor = math.floor(self.lam)
@@ -605,7 +752,7 @@ class SignSGD(SignRule):
     name = "signsgd"
     params = COMMON_KEYS
 
-    def planes(self, S: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def planes(self, S) -> tuple[Any, Any | None]:
         return S > 0, S != 0
 
 
@@ -638,8 +785,8 @@ class RLR(SignRule):
         theta, key = get("theta", None)
         self.theta = math.ceil(0.2 * self.n_clients) if theta is None else integer(key, theta, lo=0)
 
-    def planes(self, S: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        agree = np.abs(S) > self.clip(S, self.theta - 1)  # |S| >= theta keeps sign(S), else it is reversed
+    def planes(self, S) -> tuple[Any, Any | None]:
+        agree = abs(S) > self.clip(S, self.theta - 1)  # |S| >= theta keeps sign(S), else it is reversed
         return (S > 0) == agree, S != 0
 
 

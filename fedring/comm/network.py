@@ -5,21 +5,28 @@ clients on the same rank is a memory copy; between ranks it is an MPI message mo
 mpi4py's buffer methods (no pickling). Either way the sending client's payload bytes go
 into the :class:`Ledger`, so communication costs are measured, not computed from formulas.
 
+Rows may be host arrays (numpy) or device arrays (torch tensors, docs/arrays.md): a hop between
+clients of one rank is an operation on the rows' own device; a chunk or row that crosses ranks is
+copied into a reused host buffer, sent, and copied from the receiver's host buffer to its device.
+The ledger counts the same bytes either way.
+
 This module imports no torch.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
-from numpy.typing import ArrayLike
 
+from fedring.arrays import array_namespace, host, host_into, like, on_host, strided
 from fedring.errors import ConfigError
 from fedring.validate import fills_ranks
 
@@ -55,6 +62,48 @@ def segment_bytes(value: int | None = None) -> int:
     if value < 0:
         raise ConfigError("FEDRING_SEGMENT_BYTES", "must be a number of bytes >= 0 (0: whole chunks)")
     return value
+
+
+def host_dtype(x) -> np.dtype:
+    """The numpy dtype of the elements of ``x`` (either kind): a tensor's read through the array API's
+    dtype queries (kind and bits), so that the checks and the host buffers of both kinds agree.
+
+    >>> host_dtype(np.zeros(2, np.float32))
+    dtype('float32')
+    """
+    if on_host(x):
+        return x.dtype
+    xp = array_namespace(x)
+    if xp.isdtype(x.dtype, "bool"):
+        return np.dtype(bool)
+    for kind, code, info in (
+        ("signed integer", "i", xp.iinfo),
+        ("unsigned integer", "u", xp.iinfo),
+        ("real floating", "f", xp.finfo),
+    ):
+        if xp.isdtype(x.dtype, kind):
+            return np.dtype(f"{code}{info(x.dtype).bits // 8}")
+    return np.dtype(np.void)  # not numeric: refused by Network.check_rows
+
+
+def nbytes(x) -> int:
+    """The bytes of the elements of ``x`` (either kind).
+
+    >>> nbytes(np.zeros((2, 3), np.float32))
+    24
+    """
+    return math.prod(x.shape) * host_dtype(x).itemsize
+
+
+def contiguous(x) -> bool:
+    """Whether ``x`` (either kind) is C-contiguous."""
+    return bool(x.flags.c_contiguous) if on_host(x) else bool(x.is_contiguous())
+
+
+def device_array(x) -> bool:
+    """Whether ``x`` is an array that is not a numpy array (a tensor), as opposed to a numpy array or
+    anything ``numpy.asarray`` takes."""
+    return not on_host(x) and hasattr(x, "__dlpack__")
 
 
 def block_bounds(total: int, parts: int) -> np.ndarray:
@@ -182,9 +231,9 @@ class SubLedger(Ledger):
         self.parent.add_server(phase, nbytes)
 
 
-def add(mine: np.ndarray, incoming: np.ndarray) -> None:
-    """``mine += incoming``: the ring's sum, a ``combine`` that :meth:`Network.ring_step` applies
-    to all of a step's hops within a rank at once."""
+def add(mine, incoming) -> None:
+    """``mine += incoming`` (arrays of one kind): the ring's sum, a ``combine`` that
+    :meth:`Network.ring_step` applies to all of a step's hops within a rank at once."""
     mine += incoming
 
 
@@ -209,7 +258,8 @@ def _timed(method):
 
 
 class Network:
-    """Moves numpy buffers between logical clients and records them in a :class:`Ledger`.
+    """Moves rows between logical clients and records them in a :class:`Ledger`: numpy arrays, or
+    device arrays whose chunks cross ranks through host buffers (module docstring).
 
     Uses a private duplicate of the layout's communicator, so fedring's messages can never
     match a user's. ``wait`` and ``segment`` set how it waits for messages and how it cuts ring
@@ -233,6 +283,7 @@ class Network:
         self.wait, self.segment = wait_policy(wait), segment_bytes(segment)
         self.comm = layout.comm.Dup() if comm is None else comm  # ``comm``: private already
         self._scratch = np.empty(0, np.uint8)
+        self._send_scratch = np.empty(0, np.uint8)
         self.timer: float | None = None
         self._subsets: dict[tuple[int, ...], MPI.Comm] = {}
 
@@ -343,45 +394,62 @@ class Network:
     def check_rows(self, rows, count: int | None = None, what: str = "rows") -> None:
         """Collective: every rank checks its client rows before the first message is sent.
 
-        ``rows`` must be a C-contiguous numeric numpy array with one row per client this rank
-        sends for (``count``, default: the clients it hosts), of the same dtype and row size on
-        every rank. A problem on any rank raises ``ValueError`` on every rank (naming the rank),
-        instead of one rank raising while its peers wait for its message forever.
+        ``rows`` must be a C-contiguous numeric array (numpy, or a device array) with one row per
+        client this rank sends for (``count``, default: the clients it hosts), of the same dtype and
+        row size on every rank. A problem on any rank raises ``ValueError`` on every rank (naming the
+        rank), instead of one rank raising while its peers wait for its message forever.
         """
         count = self.layout.n_local if count is None else count
         problem = None
-        if not isinstance(rows, np.ndarray):
-            problem = f"{what} must be a numpy array, got {type(rows).__name__}"
+        if not (on_host(rows) or device_array(rows)):
+            problem = f"{what} must be a numpy array or a device array, got {type(rows).__name__}"
         elif rows.ndim < 1 or rows.shape[0] != count:
             got = "a scalar" if rows.ndim < 1 else f"{rows.shape[0]} rows"
             problem = f"{what} has {got}; it needs one row for each of the {count} clients this rank sends for"
-        elif not rows.flags.c_contiguous:
-            problem = f"{what} must be C-contiguous (numpy.ascontiguousarray), got strides {rows.strides}"
-        elif rows.dtype.kind not in "biuf":
+        elif not contiguous(rows):
+            strides = rows.strides if on_host(rows) else rows.stride()
+            problem = f"{what} must be C-contiguous (numpy.ascontiguousarray), got strides {strides}"
+        elif host_dtype(rows).kind not in "biuf":
             problem = f"{what} must be numeric, got dtype {rows.dtype}"
         ok = problem is None and count > 0
+        dtype = host_dtype(rows) if ok else None
         self.agree(
             problem,
             {
-                f"the dtype size of {what}": rows.dtype.itemsize if ok else None,
-                f"the dtype kind of {what}": ord(rows.dtype.kind) if ok else None,
-                f"the row size of {what}": rows[0].size if ok else None,
+                f"the dtype size of {what}": dtype.itemsize if dtype is not None else None,
+                f"the dtype kind of {what}": ord(dtype.kind) if dtype is not None else None,
+                f"the row size of {what}": math.prod(rows.shape[1:]) if ok else None,
             },
         )
 
     def _recv_buffer(self, like: np.ndarray, count: int) -> np.ndarray:
-        nbytes = count * like.itemsize
+        """A host buffer of ``count`` elements of the dtype of ``like`` (either kind), reused."""
+        dtype = host_dtype(like)
+        nbytes = count * dtype.itemsize
         if self._scratch.nbytes < nbytes:
             self._scratch = np.empty(nbytes, np.uint8)
-        return self._scratch[:nbytes].view(like.dtype)
+        return self._scratch[:nbytes].view(dtype)
+
+    def _staged(self, x) -> np.ndarray:
+        """``x`` as a host array to send: itself when it is one (a numpy ``ascontiguousarray``), else its
+        copy in a reused host buffer, valid until the next call."""
+        if not device_array(x):
+            return np.ascontiguousarray(x)
+        dtype = host_dtype(x)
+        size = nbytes(x)
+        if self._send_scratch.nbytes < size:
+            self._send_scratch = np.empty(size, np.uint8)
+        out = self._send_scratch[:size].view(dtype).reshape(tuple(x.shape))
+        host_into(x, out)
+        return out
 
     @_timed
     def ring_step(
         self,
-        rows: np.ndarray,
+        rows,
         bounds: np.ndarray,
         chunk_of: Callable[[int], int],
-        combine: Callable[[np.ndarray, np.ndarray], None] | None,
+        combine: Callable | None,
         phase: str,
         ahead: Callable[[int, int], Iterable[Callable[[], None]]] | None = None,
     ) -> None:
@@ -391,22 +459,24 @@ class Network:
         which either combines it into its own copy of that chunk (``combine(mine, incoming)``,
         in place) or, when ``combine`` is None, overwrites its copy.
 
-        ``rows`` holds the rows of this rank's clients, ``bounds`` the chunk offsets. The
-        chunk a client sends is never the chunk it receives in the same step, so hops can be
-        applied one after the other in place, or all at once: with :func:`add` or None and no
-        ``ahead``, the hops within this rank are a few numpy operations (:meth:`_local_hops`),
-        for which ``chunk_of`` is called with an array of client ids (it maps them
-        elementwise, as :func:`fedring.comm.ring.rotation` does). A protocol checks its rows
-        once, with :meth:`check_rows`, before its first step.
+        ``rows`` holds the rows of this rank's clients (numpy, or a device array: then the chunk
+        that leaves the rank is copied into a host buffer, the one that arrives is copied from one
+        to the device before ``combine``), ``bounds`` the chunk offsets. The chunk a client sends is
+        never the chunk it receives in the same step, so hops can be applied one after the other in
+        place, or all at once: with :func:`add` or None and no ``ahead``, the hops within this rank
+        are a few strided array operations (:meth:`_local_hops`), for which ``chunk_of`` is called
+        with an array of client ids (it maps them elementwise, as
+        :func:`fedring.comm.ring.rotation` does). A protocol checks its rows once, with
+        :meth:`check_rows`, before its first step.
         """
         lay, n = self.layout, self.n_clients
         if n == 1:
             return
 
-        def chunk(row: int, c: int) -> np.ndarray:
+        def chunk(row: int, c: int):
             return rows[row, bounds[c] : bounds[c + 1]]
 
-        def deliver(dst: np.ndarray, payload: np.ndarray) -> None:
+        def deliver(dst, payload) -> None:
             if combine is None:
                 dst[...] = payload
             else:
@@ -418,12 +488,17 @@ class Network:
             c_in = chunk_of((first - 1) % n)
             mine = chunk(0, c_in)
             work = ahead(0, c_in) if ahead else ()
-            if combine is None:  # straight into place: the chunk sent is never the one received
+            if not on_host(rows):  # through host buffers, each segment to the device as it arrives
+                incoming = self._recv_buffer(rows, math.prod(mine.shape))
+                self._exchange(
+                    self._staged(outgoing), incoming, lambda seg: deliver(mine[seg], like(incoming[seg], rows)), work
+                )
+            elif combine is None:  # straight into place: the chunk sent is never the one received
                 self._exchange(outgoing, mine, work=work)
             else:
-                incoming = self._recv_buffer(rows, mine.size)
+                incoming = self._recv_buffer(rows, math.prod(mine.shape))
                 self._exchange(outgoing, incoming, lambda seg: combine(mine[seg], incoming[seg]), work)
-            self.ledger.add(last, phase, outgoing.nbytes)
+            self.ledger.add(last, phase, nbytes(outgoing))
         if ahead is None and (combine is None or combine is add):
             self._local_hops(rows, bounds, chunk_of, combine is add, phase)
             return
@@ -433,14 +508,15 @@ class Network:
                 piece()
             payload = chunk(i - first, chunk_of(i))
             deliver(chunk(j - first, chunk_of(i)), payload)
-            self.ledger.add(i, phase, payload.nbytes)
+            self.ledger.add(i, phase, nbytes(payload))
 
-    def _local_hops(self, rows: np.ndarray, bounds: np.ndarray, chunk_of: Callable, summing: bool, phase: str) -> None:
-        """The hops of :meth:`ring_step` between clients of this rank, one strided numpy operation
-        per run of hops that move adjacent chunks of one size along consecutive rows (a handful
-        for a rotation over ``array_split`` bounds) instead of one per hop, for speed. Each
-        element gets the same operation on the same operands as in the loop: the same bits. The runs
-        are views of the buffer of ``rows`` (C-contiguous, as :meth:`check_rows` requires)."""
+    def _local_hops(self, rows, bounds: np.ndarray, chunk_of: Callable, summing: bool, phase: str) -> None:
+        """The hops of :meth:`ring_step` between clients of this rank, one strided operation per run
+        of hops that move adjacent chunks of one size along consecutive rows (a handful for a
+        rotation over ``array_split`` bounds) instead of one per hop, for speed. Each element gets
+        the same operation on the same operands as in the loop: the same bits. The runs are views
+        (:func:`fedring.arrays.strided`) of the buffer of ``rows`` (C-contiguous, as
+        :meth:`check_rows` requires), on the rows' device."""
         lay, n = self.layout, self.n_clients
         senders = np.arange(lay.lo, lay.hi - (lay.size > 1))
         if not len(senders):
@@ -450,109 +526,134 @@ class Network:
         receivers = (senders + 1) % n - lay.lo
         goes_on = (np.diff(starts) == sizes[:-1]) & (np.diff(sizes) == 0) & (np.diff(receivers) == 1)
         firsts = np.flatnonzero(np.concatenate([[True], ~goes_on]))
-        row, item = rows.strides
+        d = rows.shape[1]
         for a, b in zip(firsts.tolist(), [*firsts[1:].tolist(), len(senders)]):
-            size, start = int(sizes[a]), int(starts[a]) * item
-            strides = (row + size * item, item)  # the next row's next chunk
-            mine = np.ndarray((b - a, size), rows.dtype, rows, int(receivers[a]) * row + start, strides)
-            theirs = np.ndarray((b - a, size), rows.dtype, rows, int(senders[a] - lay.lo) * row + start, strides)
+            size, start = int(sizes[a]), int(starts[a])
+            strides = (d + size, 1)  # the next row's next chunk
+            mine = strided(rows, (b - a, size), int(receivers[a]) * d + start, strides)
+            theirs = strided(rows, (b - a, size), int(senders[a] - lay.lo) * d + start, strides)
             if summing:
                 mine += theirs
             else:
                 mine[...] = theirs
-        self.ledger.add_many(senders, phase, sizes * rows.itemsize)
+        self.ledger.add_many(senders, phase, sizes * host_dtype(rows).itemsize)
 
     @_timed
-    def gather_to_server(self, local: np.ndarray, phase: str, clients: np.ndarray | None = None) -> np.ndarray | None:
+    def gather_to_server(self, local, phase: str, clients: np.ndarray | None = None):
         """Every client, or each client in the sorted ids ``clients``, sends its row to the server
         (rank 0): ``local`` holds this rank's rows of those clients, in client order. Returns
-        ``(m, ...)`` on rank 0 in client order, None elsewhere."""
+        ``(m, ...)`` on rank 0 in client order, None elsewhere.
+
+        ``local`` may be a device array: the other ranks send host copies, and rank 0 stacks the rows
+        on its device (its own rows themselves when no other rank sends)."""
         lay = self.layout
-        local = np.ascontiguousarray(local)
+        local = np.ascontiguousarray(local) if not device_array(local) else local
         if clients is None:
             mine, counts = np.arange(lay.lo, lay.hi), np.diff(lay.bounds)
         else:
             seg = np.searchsorted(clients, lay.bounds)
             mine, counts = clients[seg[lay.rank] : seg[lay.rank + 1]], np.diff(seg)
         self.check_rows(local, count=len(mine))
-        for k, client in enumerate(mine):
-            self.ledger.add(int(client), phase, local[k].nbytes)
+        row_bytes = math.prod(local.shape[1:]) * host_dtype(local).itemsize
+        for client in mine:
+            self.ledger.add(int(client), phase, row_bytes)
         if lay.rank != 0:
             if len(mine):
-                self.complete(self._isend(local, 0))
+                self.complete(self._isend(self._staged(local), 0))
             return None
         offsets = np.concatenate([[0], np.cumsum(counts)])
-        out = np.empty((int(offsets[-1]), *local.shape[1:]), local.dtype)
-        out[: len(mine)] = local
+        if on_host(local):
+            out = np.empty((int(offsets[-1]), *local.shape[1:]), local.dtype)
+            out[: len(mine)] = local
+        elif offsets[-1] == len(mine):  # nothing to receive: the server's own rows, where they are
+            return local
+        else:  # the others' rows into one host buffer, then one copy to the device
+            out = np.empty((int(offsets[-1]) - len(mine), *local.shape[1:]), host_dtype(local))
+            offsets = offsets - len(mine)
         requests = [
             q for r in range(1, lay.size) if counts[r] for q in self._irecv(out[offsets[r] : offsets[r + 1]], r)
         ]
         self.complete(requests)
-        return out
+        if on_host(local):
+            return out
+        return array_namespace(local).concat([local, like(out, local)])
 
-    def gather_blocks(self, local: np.ndarray, phase: str) -> Iterator[tuple[int, np.ndarray]]:
+    def gather_blocks(self, local, phase: str) -> Iterator[tuple[int, Any]]:
         """Every client sends its row to the server (rank 0), one rank's rows at a time: rank 0
         yields ``(first client id, that rank's rows)`` in rank order, receiving every block
         into one buffer (the caller copies what it keeps, e.g. cast to float64, and never holds
         the whole ``(n, ...)`` array besides); every rank must run the loop to its end, the
-        others yield nothing."""
+        others yield nothing. With device rows ``local``, rank 0's own block is ``local`` itself and
+        the others' are host buffers (the other ranks send host copies)."""
         lay = self.layout
-        local = np.ascontiguousarray(local)
+        local = np.ascontiguousarray(local) if not device_array(local) else local
         self.check_rows(local, count=lay.hi - lay.lo)
+        row_bytes = math.prod(local.shape[1:]) * host_dtype(local).itemsize
         for k in range(len(local)):
-            self.ledger.add(lay.lo + k, phase, local[k].nbytes)
+            self.ledger.add(lay.lo + k, phase, row_bytes)
         if lay.rank != 0:
             if len(local):
-                self.complete(self._isend(local, 0))
+                self.complete(self._isend(self._staged(local), 0))
             return
         yield lay.lo, local
         counts = np.diff(lay.bounds)
-        buffer = np.empty((int(counts[1:].max(initial=0)), *local.shape[1:]), local.dtype)
+        buffer = np.empty((int(counts[1:].max(initial=0)), *local.shape[1:]), host_dtype(local))
         for r in range(1, lay.size):
             block = buffer[: counts[r]]
             self.complete(self._irecv(block, r))
             yield int(lay.bounds[r]), block
 
     @_timed
-    def broadcast_from_server(
-        self, vec: ArrayLike | None, phase: str, shape, dtype, receivers: int | None = None
-    ) -> np.ndarray:
+    def broadcast_from_server(self, vec: Any, phase: str, shape, dtype, receivers: int | None = None, ref=None):
         """The server (rank 0) sends ``vec`` to every client; returns it on every rank.
 
         Counted as ``n`` messages from the server, one per logical client (or ``receivers``
         messages, one per client of a round's cohort); physically one message per rank carries it.
+
+        ``vec``: anything ``numpy.asarray`` takes, or a device array (its host copy travels). The result is a numpy array, or with
+        ``ref`` an array of the kind and device of ``ref`` (rank 0's ``vec`` itself when it is one
+        already, of ``dtype``).
         """
         lay = self.layout
         problem = None
-        if lay.rank == 0 and (vec is None or np.size(vec) != np.prod(shape, dtype=np.int64)):
-            size = "no" if vec is None else np.size(vec)
-            problem = f"the server's vector has {size} values, the clients expect shape {tuple(shape)}"
+        if lay.rank == 0:
+            size = "no" if vec is None else math.prod(vec.shape) if device_array(vec) else np.size(vec)
+            if size != np.prod(shape, dtype=np.int64):
+                problem = f"the server's vector has {size} values, the clients expect shape {tuple(shape)}"
         self.agree(problem)
         if lay.rank == 0:
-            vec = np.ascontiguousarray(vec, dtype=dtype).reshape(shape)
-            self.ledger.add_server(phase, vec.nbytes * (self.n_clients if receivers is None else receivers))
-            self.complete([q for r in range(1, lay.size) for q in self._isend(vec, r)])
-            return vec
+            kept = ref is not None and device_array(vec) and host_dtype(vec) == np.dtype(dtype)
+            if kept and lay.size == 1:  # nothing to send: it stays on its device
+                self.ledger.add_server(phase, nbytes(vec) * (self.n_clients if receivers is None else receivers))
+                return array_namespace(vec).reshape(vec, tuple(shape))
+            out = np.ascontiguousarray(host(vec) if device_array(vec) else vec, dtype=dtype).reshape(shape)
+            self.ledger.add_server(phase, out.nbytes * (self.n_clients if receivers is None else receivers))
+            self.complete([q for r in range(1, lay.size) for q in self._isend(out, r)])
+            if kept:
+                return array_namespace(vec).reshape(vec, tuple(shape))
+            return out if ref is None else like(out, ref)
         out = np.empty(shape, dtype)
         self.complete(self._irecv(out, 0))
-        return out
+        return out if ref is None else like(out, ref)
 
     @_timed
-    def scatter_from_server(self, rows: np.ndarray | None, clients: np.ndarray, phase: str, shape, dtype) -> np.ndarray:
+    def scatter_from_server(self, rows, clients: np.ndarray, phase: str, shape, dtype, ref=None):
         """The server sends row ``j`` of ``rows`` to client ``clients[j]`` (sorted ids).
 
-        Returns, on every rank, the rows addressed to the clients it hosts, in client order.
+        Returns, on every rank, the rows addressed to the clients it hosts, in client order: numpy
+        arrays, or with ``ref`` arrays of the kind and device of ``ref``. ``rows`` may be a device
+        array: its host copy travels (a few rows: the adversary's side channel).
         """
         lay = self.layout
         owners = lay.owner(clients)
         mine = np.flatnonzero(owners == lay.rank)
         problem = None
-        got = None if rows is None else np.shape(rows)
+        got = None if rows is None else tuple(rows.shape) if device_array(rows) else np.shape(rows)
         if lay.rank == 0 and got != (len(clients), *shape):
             problem = f"the server has rows of shape {got} for {len(clients)} clients of shape {tuple(shape)}"
         self.agree(problem)
         if lay.rank == 0:
-            rows = np.ascontiguousarray(rows, dtype=dtype)
+            rows = np.ascontiguousarray(host(rows) if device_array(rows) else rows, dtype=dtype)
             self.ledger.add_server(phase, rows.nbytes)
             requests = []
             for r in range(1, lay.size):
@@ -560,11 +661,11 @@ class Network:
                 if len(theirs):
                     requests += self._isend(np.ascontiguousarray(rows[theirs]), r)
             self.complete(requests)
-            return rows[mine]
+            return rows[mine] if ref is None else like(rows[mine], ref)
         out = np.empty((len(mine), *shape), dtype)
         if len(mine):
             self.complete(self._irecv(out, 0))
-        return out
+        return out if ref is None else like(out, ref)
 
     def sum_to_server(self, values: np.ndarray) -> np.ndarray | None:
         """A measurement, not a message: the sum over ranks of ``values`` on rank 0 (None elsewhere).

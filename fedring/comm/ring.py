@@ -16,15 +16,22 @@ all-gather, ``2 (n-1)/n d`` in all when ``n`` divides ``d`` (the BRACE paper's R
 Table 1). The order of the additions of every chunk is fixed by the ring,
 not by how clients are spread over ranks, so results are bit-identical on any number of
 ranks.
+
+The rows may be numpy arrays or device arrays (docs/arrays.md, "Rows and the ring on the
+device"): hops between clients of one rank are operations on the device, chunks that cross
+ranks go through host buffers, and every chunk gets the same additions in the same order, so
+the same values give the same bits either way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from fedring.arrays import like
 from fedring.registry import Registry
 
 from .network import Network, add, block_bounds
@@ -76,14 +83,14 @@ def owned_chunk(client: int, n: int) -> int:
     return (client + 1) % n
 
 
-def ring_allreduce(net: Network, rows: np.ndarray) -> np.ndarray:
+def ring_allreduce(net: Network, rows):
     """Sum the rows of all clients; in place, every row ends as the total.
 
     Parameters
     ----------
     net : Network
-    rows : ndarray, shape (n_local, d)
-        One row per client hosted on this rank, any numeric dtype.
+    rows : ndarray or device array, shape (n_local, d)
+        One row per client hosted on this rank, any numeric dtype; every rank's of one kind.
 
     Examples
     --------
@@ -104,10 +111,11 @@ class Aggregation:
     rule's scalar ``figures`` and per-client ``rows`` (written under ``/ring`` of the results file;
     empty on the server); the server rule's weight per client (``selected``, on rank 0; None on
     the ring and for rules that report none); ``updated``: False when the round has no update (an
-    empty cohort, or one too small for the rule), so the model stays.
+    empty cohort, or one too small for the rule), so the model stays. The ``update`` is of the kind
+    of the rows it came from (a device array on the device path); the figures and rows are numpy.
     """
 
-    update: np.ndarray
+    update: Any
     figures: dict = field(default_factory=dict)
     rows: dict = field(default_factory=dict)
     selected: np.ndarray | None = None
@@ -123,10 +131,15 @@ class RingRule:
     any attack); rules that draw per round key their draws by ``t``. ``centralized`` computes
     the same update from all ``(n, d)`` rows at once (what aggregator-aware attacks optimise
     against).
+
+    ``on_device``: whether :meth:`aggregate` and :meth:`centralized` take device arrays (returning
+    an update on the rows' device); the others take numpy rows only, and the training topology
+    hands them a host copy (:mod:`fedring.train.topology`).
     """
 
     name = ""
     params: tuple[str, ...] = ()
+    on_device = False
 
     @classmethod
     def cohort_params(cls, params: dict, m: int, n: int) -> dict:
@@ -166,13 +179,17 @@ class RingAllReduce(RingRule):
     """
 
     name = "mean"
+    on_device = True
 
     def __init__(self, n_clients: int):
         self.n_clients = n_clients
 
-    def aggregate(self, net: Network, grads: np.ndarray, t: int = 0) -> Aggregation:
+    def aggregate(self, net: Network, grads, t: int = 0) -> Aggregation:
+        """The ring sum of ``grads`` (numpy or device rows, in place) divided by ``n``: by a 0-d array of
+        the rows' kind, an elementwise division on either (a device's kernel may turn a Python scalar
+        divisor into a multiplication by its reciprocal, which rounds differently)."""
         ring_allreduce(net, grads)
-        return Aggregation(grads[0] / np.float32(self.n_clients))
+        return Aggregation(grads[0] / like(np.asarray(self.n_clients, np.float32), grads))
 
     def centralized(self, G: np.ndarray) -> np.ndarray:
         return G.mean(axis=0)

@@ -14,11 +14,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from fedring.arrays import array_namespace, device, host, like, on_host
 from fedring.attacks import AttackContext, DataAttack, ModelAttack
 from fedring.comm import Network
+from fedring.comm.network import host_dtype
 from fedring.config import Config, byzantine_count
 from fedring.rng import Stream, generator
 
+from .optim import Vector
 from .participation import Cohort
 
 
@@ -68,28 +71,34 @@ class Adversary:
             return self.byzantine[:0]
         return self.byzantine[cohort.member[self.byzantine]]
 
-    def attack(self, rows: np.ndarray, t: int, reference: np.ndarray | None, cohort: Cohort) -> np.ndarray:
+    def attack(self, rows: Vector, t: int, reference: np.ndarray | None, cohort: Cohort) -> Vector:
         """Round ``t``: ``rows`` (this rank's clients' uploads) with the rows of the cohort's attackers
         replaced; the attackers learn only the cohort's honest rows. Returns ``rows`` itself, rewritten
-        in place (a rank holds one ``(clients, d)`` buffer of uploads)."""
+        in place (a rank holds one ``(clients, d)`` buffer of uploads).
+
+        Device rows reach an attack that is ``on_device`` as tensors on their device, and any other
+        attack as host copies; the crafted rows come back to the rows' device."""
         attack, attackers = self.model_attack, self.attackers(cohort)
         if attack is None or not len(attackers):
             return rows
         lay = self.net.layout
         local = [c - lay.lo for c in attackers if lay.lo <= c < lay.hi]
+        on_device = not on_host(rows) and getattr(attack, "on_device", False)
         if attack.knowledge == "own":
             for k in local:
                 rng = generator(self.seed, Stream.ATTACK, client=lay.lo + k, step=t)
-                rows[k] = attack(rows[k : k + 1], None, self.context(rng, t, None, cohort))[0]
+                own = rows[k : k + 1] if on_device else host(rows[k : k + 1])
+                rows[k] = like(attack(own, None, self.context(rng, t, None, cohort)), rows)[0]
             return rows
         crafted = None
-        dtype = rows.dtype if attack.blockwise else np.float64  # cast as the rows arrive
-        byz, honest = self.learn(rows, cohort.member, attack.knowledge == "omniscient", dtype)
+        byz, honest = self.learn(rows, cohort.member, attack.knowledge == "omniscient", attack.blockwise, on_device)
         if byz is not None:
             rng = generator(self.seed, Stream.ATTACK, step=t)
             crafted = attack(byz, honest, self.context(rng, t, reference, cohort))
             del byz, honest  # before the scatter and the server's own gather
-        rows[local] = self.net.scatter_from_server(crafted, attackers, "adversary", rows.shape[1:], rows.dtype)
+        rows[local] = self.net.scatter_from_server(
+            crafted, attackers, "adversary", tuple(rows.shape[1:]), host_dtype(rows), ref=rows
+        )
         return rows
 
     def context(self, rng: np.random.Generator, t: int, reference: np.ndarray | None, cohort: Cohort) -> AttackContext:
@@ -104,20 +113,33 @@ class Adversary:
         )
 
     def learn(
-        self, rows: np.ndarray, member: np.ndarray, omniscient: bool, dtype: np.dtype | type
-    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        self, rows: Vector, member: np.ndarray, omniscient: bool, blockwise: bool, on_device: bool
+    ) -> tuple[Vector | None, Vector | None]:
         """Over the side channel, on rank 0: the Byzantine members' rows and, for an omniscient attack,
-        the honest members' rows in ``dtype`` (the clients' own, or float64 for an attack that is not
-        ``blockwise``), in client order, each row copied as its rank's block arrives, so rank 0 never
-        holds all n rows besides; (None, None) elsewhere."""
+        the honest members' rows in the clients' own dtype for a ``blockwise`` attack, else in float64,
+        in client order, each row copied as its rank's block arrives, so rank 0 never holds all n rows
+        besides; (None, None) elsewhere. Host arrays, or ``on_device``, arrays of the rows' kind on
+        their device (each rank's block copied there once)."""
         byz_member, honest_member = member & self.is_byzantine, member & ~self.is_byzantine
         slot = np.where(byz_member, np.cumsum(byz_member), np.cumsum(honest_member)) - 1
         byz = honest = None
         if self.net.layout.rank == 0:
-            byz = np.empty((int(byz_member.sum()), *rows.shape[1:]), rows.dtype)
-            if omniscient:
-                honest = np.empty((int(honest_member.sum()), *rows.shape[1:]), dtype)
+            shape = tuple(rows.shape[1:])
+            if on_device:
+                xp, where = array_namespace(rows), device(rows)
+                byz = xp.empty((int(byz_member.sum()), *shape), dtype=rows.dtype, device=where)
+                if omniscient:
+                    dtype = rows.dtype if blockwise else xp.float64
+                    honest = xp.empty((int(honest_member.sum()), *shape), dtype=dtype, device=where)
+            else:
+                byz = np.empty((int(byz_member.sum()), *shape), host_dtype(rows))
+                if omniscient:
+                    honest = np.empty((int(honest_member.sum()), *shape), host_dtype(rows) if blockwise else np.float64)
         for first, block in self.net.gather_blocks(rows, "adversary"):
+            if on_device and on_host(block):  # another rank's block: to the device, one copy
+                block = like(block, rows)
+            elif not on_device:  # rank 0's own device rows: to the host, one copy (a numpy block: itself)
+                block = host(block)
             for k, client in enumerate(range(first, first + len(block))):
                 into = byz if byz_member[client] else honest if honest_member[client] else None
                 if into is not None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from fedring.arrays import host, like
 from fedring.attacks import DataAttack
 from fedring.comm import Layout
 from fedring.config import Config
@@ -31,7 +32,9 @@ ATTACK_MEMORY = "attack"
 
 class Clients:
     """This rank's clients: their shards, optimizer rows (``state``) and the ``(clients, d)`` float32
-    buffer of their uploads (``rows``, rewritten every round)."""
+    buffer of their uploads (``rows``, rewritten every round): a numpy array on the host path, a tensor
+    on the device on the device path (:class:`fedring.train.device.Staging`), where each client's
+    update writes its row in place."""
 
     def __init__(
         self,
@@ -50,12 +53,12 @@ class Clients:
         self.local_steps, self.local_epochs = cfg.local_steps, cfg.local_epochs
         self.layout, self.shards, self.stage, self.source = layout, shards, stage, source
         self.optimizer, self.poisoned, self.data_attack, self.lr_at = optimizer, poisoned, data_attack, lr_at
-        self.rows = np.empty((layout.n_local, d), np.float32)
+        self.rows: Vector = stage.empty((layout.n_local, d))
         self.state: ClientState = optimizer.init(layout.n_local, d, None if stage.on_host else stage.device)
         if data_attack is not None and data_attack.remembers:  # checkpointed with the optimizer rows
             self.state[ATTACK_MEMORY] = np.full((layout.n_local, d), np.nan, np.float32)
 
-    def updates(self, t: int, w: Vector, taking: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def updates(self, t: int, w: Vector, taking: np.ndarray) -> tuple[Vector, np.ndarray]:
         """Round ``t`` from the shared weights ``w`` (staged): the uploads of the local clients that take
         part (``taking``, per local client) in ``rows``, and each one's first batch loss, in a
         ``(n_clients,)`` array with zeros elsewhere. Returns ``(rows, batch_loss)``; ``rows`` is this
@@ -92,19 +95,23 @@ class Clients:
             self.upload(c, u, out, w_host, lr)
             batch_loss[c] = float(first_loss[s])
 
-    def upload(self, client: int, u: Vector, out: np.ndarray, w_host: np.ndarray | None, lr: float) -> None:
-        """``client``'s update direction ``u`` (made by ``stage.output(out)``) as the vector it
-        uploads, in ``out``: its momentum direction, copied to host memory, changed
+    def upload(self, client: int, u: Vector, out: Vector, w_host: np.ndarray | None, lr: float) -> None:
+        """``client``'s update direction ``u`` (made by ``stage.output(out)``: ``out`` itself, its row of
+        :attr:`rows`) as the vector it uploads, in ``out``: its momentum direction, changed
         (:meth:`fedring.attacks.DataAttack.release`, from the round's host weights ``w_host``, given
-        to an attack that remembers, and ``lr``) and scaled under a data attack."""
+        to an attack that remembers, and ``lr``) and scaled under a data attack. A data attack works
+        on host rows: on the device path its attacker's row goes to host memory and back."""
         k = client - self.layout.lo
         self.optimizer.direction(self.state, k, u)
         self.stage.upload(u, out)
         if self.poisoned[client] and self.data_attack is not None:
             memory = self.state[ATTACK_MEMORY][k] if self.data_attack.remembers else None
-            self.data_attack.release(out, lr, w_host, memory)
+            row = host(out)  # out itself on the host path
+            self.data_attack.release(row, lr, w_host, memory)
             if self.data_attack.scale != 1:
-                out *= np.float32(self.data_attack.scale)
+                row *= np.float32(self.data_attack.scale)
+            if row is not out:
+                out[...] = like(row, out)
 
     def batches(self, t: int, client: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """``client``'s mini-batches of round ``t``, poisoned when it runs a data attack."""

@@ -6,10 +6,14 @@ ranks may share one; ``CUDA_VISIBLE_DEVICES`` chooses which GPUs are visible. ``
 ``cuda`` where a GPU is visible, else ``cpu``. On a GPU a client's whole update stays on it: the
 flattened mini-batch gradients, clipping and weight decay, the local SGD steps, the
 pseudo-gradient and the momentum, with the clients' optimizer rows (:mod:`fedring.train.optim`)
-kept there as tensors (:class:`Staging`'s device path). The flat float32 vectors the protocols
-move stay in host memory (the comm layer moves numpy buffers): each upload crosses once per
-client and round, the shared weights once per round (:meth:`fedring.train.replica.Replica.load`), through a pinned host buffer. A checkpoint
-copies the rows to host memory and ``--resume`` back (:mod:`fedring.train.state`).
+kept there as tensors (:class:`Staging`'s device path), and so are the uploads
+(:attr:`fedring.train.clients.Clients.rows`), from the backward pass through the attack and the
+ring or the server rule (docs/arrays.md, "Rows and the ring on the device"); what crosses ranks
+goes through host buffers. The shared weights and the server optimizer's state are tensors on the
+device too (:class:`fedring.train.replica.Replica`): the round's update is applied there and the
+model's parameters are loaded from the device weights, with no host copy. A checkpoint copies the
+rows, the weights and the optimizer's state to host memory and ``--resume`` back
+(:mod:`fedring.train.state`).
 
 On a GPU, :func:`select` turns on PyTorch's deterministic algorithms and sets
 ``CUBLAS_WORKSPACE_CONFIG``: the same seed gives the same file on the same GPU model and
@@ -83,9 +87,11 @@ class Staging:
     On the *host path* (the CPU) the vectors are numpy arrays and loads and gradients are
     :func:`fedring.train.models.load_flat` and :func:`~fedring.train.models.flat_grad_into`
     themselves, so CPU runs stay bit-identical. On the *device path* (a GPU) they are tensors on
-    the device: a client's whole update is computed there, and a host array crosses only through
-    one pinned host buffer of ``d`` floats (:meth:`vector`, :meth:`upload`, and :meth:`load` and
-    :meth:`grad_into` of a host array). ``host_path=False`` runs the device path on the CPU (tests compare the two paths).
+    the device: a client's whole update is computed there, into its row of the clients' device
+    rows, and a host array crosses only through one pinned host buffer of ``d`` floats
+    (:meth:`vector`, which places the replica's initial weights, and :meth:`upload`, :meth:`load`
+    and :meth:`grad_into` of a host array).
+    ``host_path=False`` runs the device path on the CPU (tests compare the two paths).
     """
 
     def __init__(self, device: torch.device, d: int, host_path: bool | None = None):
@@ -117,14 +123,15 @@ class Staging:
         self.host.numpy()[:] = array
         return self.host.to(self.device, copy=True)
 
-    def output(self, out: np.ndarray) -> Vector:
-        """Where a vector bound for the host array ``out`` is built: ``out`` itself on the host path,
-        else a new device vector that :meth:`upload` copies into ``out``."""
-        return out if self.on_host else self.empty(out.shape)
+    def output(self, out: Vector) -> Vector:
+        """Where a vector bound for ``out`` is built: ``out`` itself when it is of this path's kind (a
+        row of the clients' uploads, :attr:`fedring.train.clients.Clients.rows`), else (a host array on
+        the device path) a new device vector that :meth:`upload` copies into ``out``."""
+        return out if self.on_host or isinstance(out, torch.Tensor) else self.empty(out.shape)
 
-    def upload(self, vec: Vector, out: np.ndarray) -> None:
-        """``vec`` from :meth:`output` into ``out`` (on the host path it is ``out`` already)."""
-        if isinstance(vec, torch.Tensor):
+    def upload(self, vec: Vector, out: Vector) -> None:
+        """``vec`` from :meth:`output` into ``out``: nothing when it is ``out`` already."""
+        if isinstance(vec, torch.Tensor) and isinstance(out, np.ndarray):
             self.host.copy_(vec)
             out[:] = self.host.numpy()
 

@@ -16,6 +16,7 @@ import torch
 
 from fedring import names
 from fedring.aggregators import nonfinite_rows
+from fedring.arrays import host
 from fedring.comm.ring import Aggregation
 from fedring.job import Recorder
 from fedring.results import Entry
@@ -27,7 +28,8 @@ from .trainer import PER_RANK, Trainer
 @dataclass(frozen=True)
 class RoundResult:
     """What one round produced, on every rank: the cohort's ``aggregation`` (its ``update`` is what
-    every replica applied, and may be a view of the clients' upload buffer until the next round);
+    every replica applied, of the rows' kind, and may be a view of the clients' upload buffer until
+    the next round);
     ``batch_loss``: each of this rank's clients' first batch loss, in a ``(clients,)`` array with
     zeros elsewhere; ``nonfinite``: which of this rank's uploads held NaN or an infinity (same
     layout; measured, not sent); ``cohort``: who took part."""
@@ -39,12 +41,14 @@ class RoundResult:
 
     @property
     def update_finite(self) -> bool:
-        return bool(np.isfinite(self.aggregation.update).all())
+        return bool(np.isfinite(host(self.aggregation.update)).all())
 
 
 def train_round(tr: Trainer, t: int) -> RoundResult:
     """Round ``t``: the cohort's clients compute their uploads, its Byzantine ones attack, the topology
-    aggregates, every replica applies. Full participation is the cohort of every client."""
+    aggregates, every replica applies. Full participation is the cohort of every client. On the
+    device path the rows stay a tensor on the device from the clients' updates to the topology's
+    update (docs/arrays.md), and the replica applies it there."""
     tr.net.ledger.reset()
     lay = tr.layout
     cohort = tr.participation.draw(t, tr.adversary.is_byzantine, tr.f)

@@ -1,12 +1,14 @@
 """The client and server optimizers: explicit state, pure update functions on float32 vectors.
 
 Each optimizer is ``init(d) -> state`` and ``update(state, g, ...) -> (step, state)`` in the style
-of optax: ``state`` is a dict of numpy arrays (what a checkpoint stores), the caller applies
-``w <- w - step``. Every operation is float32, elementwise, in a fixed order, so the same
-inputs give the same bits on every rank and after ``--resume``. The client side's formulas are
-written once for numpy arrays and, off the CPU, torch tensors on the device (its rows too;
-:class:`fedring.train.device.Staging`): the same in-place operations in the same order, only
-clipping's float64 norm is summed in another order. ``docs/training.md`` explains the
+of optax: ``state`` is a dict of arrays (numpy from ``init``, what a checkpoint stores), the caller
+applies ``w <- w - step``. Every operation is float32, elementwise, in a fixed order, so the same
+inputs give the same bits on every rank and after ``--resume``. Both sides' formulas are written
+once for numpy arrays and, off the CPU, torch tensors on the device (the clients' rows, the
+server's weights and state; :class:`fedring.train.device.Staging`,
+:class:`fedring.train.replica.Replica`): the same operations in the same order, each a correctly
+rounded float32 multiplication, addition, division or square root, so only clipping's float64
+norm is summed in another order. ``docs/training.md`` explains the
 choices (why the client uploads its momentum vector, what a server optimizer does to the sign
 rules' output).
 
@@ -31,10 +33,11 @@ Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2, with ``
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from fedring.arrays import array_namespace
 from fedring.errors import ConfigError
 from fedring.registry import Registry
 from fedring.validate import choice, real
@@ -43,10 +46,11 @@ if TYPE_CHECKING:  # torch itself only where a tensor is made: a run's settings 
     import torch
 
 F32 = np.float32
-State = dict[str, np.ndarray]
-#: a client's float32 vector or rows: a numpy array on the host path, a torch tensor on the device
-#: path (:class:`fedring.train.device.Staging`); Any, as the run picks the kind, not the code
+#: a float32 vector or rows: a numpy array on the host path, a torch tensor on the device path
+#: (:class:`fedring.train.device.Staging`); Any, as the run picks the kind, not the code
 Vector = Any
+#: a server optimizer's state: numpy arrays from ``init`` and in a checkpoint, of the weights' kind in a run
+State = dict[str, Vector]
 ClientState = dict[str, Vector]
 
 
@@ -174,6 +178,24 @@ class ClientOptimizer:
         return u
 
 
+def sqrt32(v: Vector) -> Vector:
+    """The float32 square root of ``v``, correctly rounded (as IEEE 754 asks): numpy's for an array; for
+    a tensor, the root in float64 rounded to float32, as torch's float32 kernel is not correctly rounded
+    on every CPU (its AVX-512 one misses on about 17% of entries). Rounding twice gives the correctly
+    rounded root: float64's 53 bits are at least 2 x 24 + 2 (Figueroa, "When is double rounding
+    innocuous?", 1995).
+
+    >>> import torch
+    >>> v = np.float32([2, 1e-4, 3e38, 0])
+    >>> sqrt32(torch.from_numpy(v)).numpy().tobytes() == np.sqrt(v).tobytes()
+    True
+    """
+    if isinstance(v, np.ndarray):
+        return np.sqrt(v)
+    xp = array_namespace(v)
+    return xp.astype(xp.sqrt(xp.astype(v, xp.float64)), xp.float32)
+
+
 # ---------------------------------------------------------------------------------------------
 # Server optimizers: Reddi et al. (2021), Algorithm 2. fedring's aggregate g is a descent
 # direction (a gradient, or (w - w_local)/lr), so the paper's Delta_t is -g and its
@@ -187,12 +209,26 @@ SERVER_OPTIMIZERS = Registry("server_optimizer")
 class ServerSGD:
     """``w <- w - eta_t g``: today's update (FedAvg's server step with the run's ``lr``).
 
+    ``update`` takes ``g`` and the state of one kind, numpy arrays or tensors on one device, and
+    returns the step of that kind (``on_device``): every server optimizer here is written through the
+    array's namespace, with float32 scalars (:func:`f32`). A subclass declares ``on_device = True``
+    itself; one that does not (an optimizer of a plugin, written for numpy) gets numpy arrays on the
+    device path too (:class:`fedring.train.replica.Replica`).
+
     >>> s = ServerSGD()
     >>> s.update(s.init(2), np.array([1, -2], np.float32), 0.5)[0].tolist()
+    [0.5, -1.0]
+    >>> import torch
+    >>> s.update(s.init(2), torch.tensor([1.0, -2.0]), 0.5)[0].tolist()
     [0.5, -1.0]
     """
 
     name = "sgd"
+    on_device: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.on_device = cls.__dict__.get("on_device", False)  # not inherited: the subclass's update may be numpy's
 
     def __init__(self, lr: float | None = None):
         self.lr = None if lr is None else real(f"{self.name}.lr", lr, lo=0, lo_open=True)
@@ -204,9 +240,9 @@ class ServerSGD:
     def init(self, d: int) -> State:
         return {}
 
-    def update(self, state: State, g: np.ndarray, eta: float, t: int = 0) -> tuple[np.ndarray, State]:
+    def update(self, state: State, g: Vector, eta: float, t: int = 0) -> tuple[Vector, State]:
         """The step ``w <- w - step`` of round ``t`` for the aggregate ``g`` with step size ``eta``."""
-        return F32(eta) * g, state
+        return f32(eta) * g, state
 
 
 @SERVER_OPTIMIZERS.register
@@ -220,6 +256,7 @@ class ServerMomentum(ServerSGD):
     """
 
     name = "momentum"
+    on_device = True
 
     def __init__(self, lr: float | None = None, beta: float = 0.9):
         super().__init__(lr)
@@ -228,11 +265,11 @@ class ServerMomentum(ServerSGD):
     def init(self, d: int) -> State:
         return {"m": np.zeros(d, F32)}
 
-    def update(self, state: State, g: np.ndarray, eta: float, t: int = 0) -> tuple[np.ndarray, State]:
+    def update(self, state: State, g: Vector, eta: float, t: int = 0) -> tuple[Vector, State]:
         m = state["m"]
-        m *= F32(self.beta)
+        m *= f32(self.beta)
         m += g
-        return F32(eta) * m, state
+        return f32(eta) * m, state
 
 
 class _Adaptive(ServerSGD):
@@ -262,16 +299,16 @@ class _Adaptive(ServerSGD):
         """The step size of round ``t`` (Flower's FedAdam corrects it; the others leave it)."""
         return eta
 
-    def second_moment(self, v: np.ndarray, g2: np.ndarray) -> None:
+    def second_moment(self, v: Vector, g2: Vector) -> None:
         """``v_{t-1} -> v_t`` in place, from ``Delta_t^2 = g^2``."""
         raise NotImplementedError
 
-    def update(self, state: State, g: np.ndarray, eta: float, t: int = 0) -> tuple[np.ndarray, State]:
+    def update(self, state: State, g: Vector, eta: float, t: int = 0) -> tuple[Vector, State]:
         m, v = state["m"], state["v"]
-        m *= F32(self.beta1)
-        m += F32(1 - self.beta1) * g
+        m *= f32(self.beta1)
+        m += f32(1 - self.beta1) * g
         self.second_moment(v, g * g)
-        return F32(self.step_size(eta, t)) * m / (np.sqrt(v) + F32(self.tau)), state
+        return f32(self.step_size(eta, t)) * m / (sqrt32(v) + f32(self.tau)), state
 
 
 @SERVER_OPTIMIZERS.register
@@ -287,8 +324,9 @@ class ServerAdagrad(_Adaptive):
     """
 
     name = "adagrad"
+    on_device = True
 
-    def second_moment(self, v: np.ndarray, g2: np.ndarray) -> None:
+    def second_moment(self, v: Vector, g2: Vector) -> None:
         v += g2
 
 
@@ -315,6 +353,7 @@ class ServerAdam(_Beta2):
     """
 
     name = "adam"
+    on_device = True
 
     def step_size(self, eta: float, t: int) -> float:
         """Flower's bias correction, ``eta sqrt(1 - beta2^(t+2)) / (1 - beta1^(t+2))``; Reddi et al. have none.
@@ -326,9 +365,9 @@ class ServerAdam(_Beta2):
             return eta
         return eta * math.sqrt(1 - self.beta2 ** (t + 2)) / (1 - self.beta1 ** (t + 2))
 
-    def second_moment(self, v: np.ndarray, g2: np.ndarray) -> None:
-        v *= F32(self.beta2)
-        v += F32(1 - self.beta2) * g2
+    def second_moment(self, v: Vector, g2: Vector) -> None:
+        v *= f32(self.beta2)
+        v += f32(1 - self.beta2) * g2
 
 
 @SERVER_OPTIMIZERS.register
@@ -342,9 +381,11 @@ class ServerYogi(_Beta2):
     """
 
     name = "yogi"
+    on_device = True
 
-    def second_moment(self, v: np.ndarray, g2: np.ndarray) -> None:
-        v -= F32(1 - self.beta2) * g2 * np.sign(v - g2)
+    def second_moment(self, v: Vector, g2: Vector) -> None:
+        # the namespace's sign: torch's own gives 0 for NaN, numpy's (and the namespace's) NaN
+        v -= f32(1 - self.beta2) * g2 * array_namespace(v).sign(v - g2)
 
 
 def make_server_optimizer(name: str, params: dict | None = None) -> ServerSGD:

@@ -35,11 +35,12 @@ import dataclasses
 import numpy as np
 
 from fedring import validate
+from fedring.arrays import like
 from fedring.comm.ring import Aggregation
 from fedring.errors import ConfigError
 from fedring.rng import Stream, generator
 
-from .optim import clip
+from .optim import Vector, clip
 
 MODES = ("none", "central", "local")
 #: Rényi orders beyond Opacus' default (up to 63): strong privacy over few rounds is tightest at higher ones
@@ -65,10 +66,11 @@ class Privacy:
         self.noise_multiplier = validate.real("dp.noise_multiplier", noise_multiplier, lo=0)
         self.delta = validate.real("dp.delta", delta, lo=0, hi=1, lo_open=True, hi_open=True)
 
-    def release(self, rows: np.ndarray, t: int, lo: int, honest: np.ndarray) -> np.ndarray:
+    def release(self, rows: Vector, t: int, lo: int, honest: np.ndarray) -> Vector:
         """Round ``t``'s uploads ``rows`` of this rank's clients ``lo, lo + 1, ...``: with local DP, the rows of
         the ``honest`` ones (a mask over the rows: the honest members of the cohort) clipped to ``C`` and
-        noised, in place. Returns ``rows``."""
+        noised, in place. Returns ``rows``. Device rows stay on their device: the noise, drawn on the
+        host, is added there (the norm of the clipping is summed in another order, :func:`norm64`)."""
         if self.mode != "local":
             return rows
         sigma = np.float32(self.noise_multiplier * self.clip)
@@ -76,17 +78,19 @@ class Privacy:
             clip(rows[k], self.clip)
             if sigma:
                 draw = generator(self.seed, Stream.DP_LOCAL, client=lo + int(k), step=t)
-                rows[k] += sigma * draw.standard_normal(rows.shape[1], dtype=np.float32)
+                rows[k] += like(sigma * draw.standard_normal(rows.shape[1], dtype=np.float32), rows)
         return rows
 
     def noised(self, aggregation: Aggregation, t: int, m: int) -> Aggregation:
         """Round ``t``'s ``aggregation``: with central DP, its update (the mean of ``m`` clipped rows) plus
-        ``N(0, (z C / m)^2 I)``, as a new array, the same on every replica."""
+        ``N(0, (z C / m)^2 I)``, as a new array (of the update's kind; the noise is drawn on the host),
+        the same on every replica."""
         if self.mode != "central" or not aggregation.updated:
             return aggregation
         sigma = np.float32(self.noise_multiplier * self.clip / m)
-        noise = generator(self.seed, Stream.DP_NOISE, step=t).standard_normal(aggregation.update.shape, np.float32)
-        return dataclasses.replace(aggregation, update=aggregation.update + sigma * noise)
+        update = aggregation.update
+        noise = generator(self.seed, Stream.DP_NOISE, step=t).standard_normal(tuple(update.shape), np.float32)
+        return dataclasses.replace(aggregation, update=update + like(sigma * noise, update))
 
     def epsilon(self, rounds: int, q: float) -> float | None:
         """The ``epsilon`` spent after ``rounds`` rounds at :attr:`delta`, with cohorts drawn at rate ``q``

@@ -10,6 +10,10 @@ client, :mod:`fedring.train.participation`), returning an
 :class:`~fedring.comm.ring.Aggregation`, and apply their rule centrally in
 :meth:`reference_rule` (what aggregator-aware attacks optimise against). Only the cohort's
 members send, and the rule aggregates their rows (``docs/training.md``, client sampling).
+
+On the device path the rows are a tensor on the rank's device (docs/arrays.md): a rule whose
+``on_device`` is True takes them there (the ring mean, sign voting; the server rules that run on tensors),
+any other gets a host copy of the rows it aggregates and its update goes back to the device.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from collections.abc import Callable
 import numpy as np
 
 from fedring.aggregators import Aggregator
+from fedring.arrays import host, like, on_host
 from fedring.comm import Network
 from fedring.comm.ring import Aggregation, RingRule
 from fedring.rng import Stream, fixed_generator, generator
 
+from .optim import Vector
 from .participation import Cohort
 
 
@@ -40,11 +46,18 @@ def catch_up(net: Network, senders: np.ndarray | None, d: int, stale: int = 0) -
             net.ledger.add(int(client), "catch_up", 4 * d)
 
 
-def members(rows: np.ndarray, cohort: Cohort, lo: int, hi: int) -> np.ndarray:
-    """The cohort's members' rows among this rank's ``rows`` (clients ``lo .. hi - 1``): ``rows``
-    itself when every local client is a member."""
+def members(rows: Vector, cohort: Cohort, lo: int, hi: int) -> Vector:
+    """The cohort's members' rows among this rank's ``rows`` (clients ``lo .. hi - 1``, either kind):
+    ``rows`` itself when every local client is a member, else a contiguous copy of theirs."""
     taking = cohort.member[lo:hi]
-    return rows if taking.all() else np.ascontiguousarray(rows[taking])
+    if taking.all():
+        return rows
+    return np.ascontiguousarray(rows[taking]) if on_host(rows) else rows[like(taking, rows)]
+
+
+def runs_on(rule, rows: Vector) -> bool:
+    """Whether ``rule`` takes ``rows`` as they are: host rows, or device rows and an ``on_device`` rule."""
+    return on_host(rows) or getattr(rule, "on_device", False)
 
 
 class RingTopology:
@@ -70,29 +83,38 @@ class RingTopology:
             self.rules[m] = self.rule_for(m)
         return self.rules[m]
 
-    def reference_rule(self, X: np.ndarray, reference: np.ndarray | None, cohort: Cohort) -> np.ndarray:
-        return self.rule(cohort.size).centralized(X)
+    def reference_rule(self, X: Vector, reference: np.ndarray | None, cohort: Cohort) -> Vector:
+        rule = self.rule(cohort.size)
+        return rule.centralized(X) if runs_on(rule, X) else like(rule.centralized(host(X)), X)
 
-    def aggregate(self, rows: np.ndarray, t: int, reference: np.ndarray | None, cohort: Cohort) -> Aggregation:
+    def aggregate(self, rows: Vector, t: int, reference: np.ndarray | None, cohort: Cohort) -> Aggregation:
         """Round ``t``'s rule over the logical ring of the cohort's ``m`` members, in client order: member
         ``j`` sends to member ``j + 1 (mod m)``, its Byzantine members are the relays, and the rule's
         per-client rows come back as rows over every client (zero for the others). A rank that hosts
         no member sends and relays nothing and receives the update from the rank of the first member
         (outside the protocol: it stands for the download of the model by a member that missed rounds
         when it joins, booked as ``catch_up`` from its ring predecessor). An empty cohort has no
-        update. The update may be a view of ``rows`` (BRACE decodes into its first row)."""
+        update. The update may be a view of ``rows`` (BRACE decodes into its first row). Device rows
+        go to a rule that is not ``on_device`` (a plugin's, say) as one host copy of the rank's
+        members' rows, and its update back to the device."""
         m, lay = cohort.size, self.net.layout
         if m == 0:
             return self.rule(self.n).idle(self.d)
         ring = self.net.over(cohort.clients)
         position = np.searchsorted(cohort.clients, cohort.stale)
         catch_up(self.net, cohort.clients[position - 1], self.d)
-        update, figures, per_client = np.zeros(self.d, np.float32), {}, {}
+        update, figures, per_client = like(np.zeros(self.d, np.float32), rows), {}, {}
         if ring is not None:
             rule = self.rule(m)
             rule.set_byzantine(np.searchsorted(cohort.clients, self.byzantine[cohort.member[self.byzantine]]))
-            result = rule.aggregate(ring, members(rows, cohort, lay.lo, lay.hi), t)
-            update, figures = result.update, result.figures
+            mine = members(rows, cohort, lay.lo, lay.hi)
+            if runs_on(rule, rows):
+                result = rule.aggregate(ring, mine, t)
+                update = result.update
+            else:
+                result = rule.aggregate(ring, np.ascontiguousarray(host(mine)), t)
+                update = like(np.ascontiguousarray(result.update), rows)
+            figures = result.figures
             for name, row in result.rows.items():
                 per_client[name] = np.zeros(self.n, row.dtype)
                 per_client[name][cohort.clients] = row
@@ -101,17 +123,23 @@ class RingTopology:
             figures, per_client = self.to_bystanders(update, figures, per_client, hosts, m)
         return Aggregation(update, figures, per_client)
 
-    def to_bystanders(self, update: np.ndarray, figures: dict, rows: dict, hosts: np.ndarray, m: int) -> tuple:
+    def to_bystanders(self, update: Vector, figures: dict, rows: dict, hosts: np.ndarray, m: int) -> tuple:
         """From the rank of the first member, point to point (a simulation step, booked nowhere): the
-        update into ``update`` on every rank that hosts no member, and the rule's figures and rows to
-        rank 0, which records them, when it hosts none. Those travel as one float64 buffer (counts
-        are exact in it) laid out as the rule's :meth:`~fedring.comm.ring.RingRule.idle` report."""
+        update into ``update`` on every rank that hosts no member (through host memory for a device
+        update), and the rule's figures and rows to rank 0, which records them, when it hosts none.
+        Those travel as one float64 buffer (counts are exact in it) laid out as the rule's
+        :meth:`~fedring.comm.ring.RingRule.idle` report."""
         comm, lay, root = self.net.comm, self.net.layout, int(hosts[0])
         bystanders = np.setdiff1d(np.arange(lay.size), hosts)
         if lay.rank == root:
-            self.net.complete([comm.Isend(update, dest=int(r)) for r in bystanders])
-        elif lay.rank in bystanders:
+            staged = np.ascontiguousarray(host(update))
+            self.net.complete([comm.Isend(staged, dest=int(r)) for r in bystanders])
+        elif lay.rank in bystanders and on_host(update):
             comm.Recv(update, source=root)
+        elif lay.rank in bystanders:
+            received = np.empty(self.d, np.float32)
+            comm.Recv(received, source=root)
+            update[...] = like(received, update)
         if hosts[0] == 0 or lay.rank not in (0, root):
             return figures, rows
         template = self.rule(m).idle(self.d)
@@ -138,15 +166,19 @@ class ServerTopology:
         self.needs_reference = rule.needs_reference
         self.state: dict[str, np.ndarray] = rule.init_state(self.n, d) if net.layout.rank == 0 else {}
 
-    def reference_rule(self, X: np.ndarray, reference: np.ndarray | None, cohort: Cohort) -> np.ndarray:
-        rule = self.rule.with_f(cohort.f)
-        return rule.aggregate(X, state=None, reference=reference, rng=fixed_generator(Stream.WHAT_IF)).vector
+    def reference_rule(self, X: Vector, reference: np.ndarray | None, cohort: Cohort) -> Vector:
+        rule, rng = self.rule.with_f(cohort.f), fixed_generator(Stream.WHAT_IF)
+        if runs_on(rule, X):
+            return rule.aggregate(X, state=None, reference=reference, rng=rng).vector
+        return like(rule.aggregate(host(X), state=None, reference=reference, rng=rng).vector, X)
 
-    def aggregate(self, rows: np.ndarray, t: int, reference: np.ndarray | None, cohort: Cohort) -> Aggregation:
+    def aggregate(self, rows: Vector, t: int, reference: np.ndarray | None, cohort: Cohort) -> Aggregation:
         """Round ``t``: the cohort's members upload their rows; the rule, told the cohort's ``f``,
         aggregates them (per-client state of the others stays) and the update goes to the members. A
         cohort the rule cannot work with (``check``: empty, or too small for its ``f``) has no update
-        and sends nothing."""
+        and sends nothing. Device rows are stacked on rank 0's device and go to an ``on_device`` rule
+        as they are (with the reference there), to another as one host copy; the update is
+        broadcast through host memory and returned on the rows' device."""
         rule, m, lay = self.rule.with_f(cohort.f), cohort.size, self.net.layout
         if m == 0 or rule.check(m) is not None:  # every rank knows the cohort: all skip alike
             selected = np.zeros(self.n) if rule.selects and lay.rank == 0 else None
@@ -156,10 +188,14 @@ class ServerTopology:
         vec = selected = None
         if stacked is not None:
             rng = generator(self.seed, Stream.AGGREGATOR, step=t)
+            if not runs_on(rule, stacked):
+                stacked = host(stacked)
+            elif reference is not None:
+                reference = like(reference, stacked)
             result = self.rule.aggregate_part(rule, stacked, cohort.clients, self.state, reference, rng)
             vec = result.vector
             if result.selected is not None:
                 selected = np.zeros(self.n)
-                selected[cohort.clients] = result.selected
-        update = self.net.broadcast_from_server(vec, "downlink", (self.d,), np.float32, receivers=m)
+                selected[cohort.clients] = host(result.selected)
+        update = self.net.broadcast_from_server(vec, "downlink", (self.d,), np.float32, receivers=m, ref=rows)
         return Aggregation(update, selected=selected)

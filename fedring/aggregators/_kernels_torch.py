@@ -1,0 +1,186 @@
+"""The kernels of :mod:`._kernels` on torch tensors, on the tensor's own device.
+
+Imported by ``_kernels`` only when a tensor arrives (the host path never imports torch). Each
+kernel follows its numpy twin's numerical scheme, so a rule's small n x n logic sees the same
+quantities: products in X's dtype on pivot-centred column blocks, sums across blocks in
+float64, integer-exact sign products. Blocks are sized from :data:`DEVICE_BYTES`, so the extra
+device memory is O(n x block), never a copy of X. The small results (Gram matrices, row
+statistics, row quantiles) come back to the host as the numpy arrays the numpy kernels return.
+
+Float32 products here are full float32: TF32, which would round their inputs to 10 mantissa
+bits, is off by default for matmul (``torch.backends.cuda.matmul.allow_tf32``) and fedring
+never turns it on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from . import _blocks as host
+from ._blocks import Gram, block_width, blocks
+
+DEVICE_BYTES = 32 << 20  # working block of a pass on a device (a few such temporaries live at once)
+
+
+def _width(X: torch.Tensor, rows: int | None = None) -> int:
+    n, d = X.shape
+    return min(d, block_width(n if rows is None else rows, X.element_size(), DEVICE_BYTES))
+
+
+def _on(a, X: torch.Tensor) -> torch.Tensor:
+    """``a`` (numpy or a tensor, any dtype) as a tensor on X's device, its dtype kept."""
+    return torch.as_tensor(a, device=X.device)
+
+
+def small(a: np.ndarray, X: torch.Tensor) -> torch.Tensor:
+    """The small host array ``a`` in X's dtype on X's device (numpy's ``a.astype(X.dtype)``)."""
+    return torch.as_tensor(np.asarray(a), device=X.device).to(X.dtype)
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
+
+
+def pivot_row(X: torch.Tensor, chunks: int = 16, width: int = 128) -> int:
+    """The numpy pivot of the same column sample, copied to the host (at most n x chunks x width values)."""
+    n, d = X.shape
+    if n <= 2:
+        return 0
+    if d <= chunks * width:
+        return host.pivot_row(_numpy(X), chunks, width)
+    starts = np.linspace(0, d - width, chunks).astype(np.int64)
+    sample = torch.cat([X[:, s : s + width] for s in starts], dim=1)
+    return host.pivot_row(_numpy(sample), chunks, width)  # d = chunks x width: the whole sample, as the host
+
+
+def gram(X: torch.Tensor, extra=None) -> Gram:
+    """The Gram pass of :func:`._kernels.gram` on X's device; C, h and pp come back in float64 numpy."""
+    n, d = X.shape
+    ext = None if extra is None else _on(extra, X)
+    k = 0 if ext is None else ext.shape[0]
+    m = n + k
+    p = pivot_row(X)
+    width = _width(X, m)
+    C = torch.zeros((m, m), dtype=torch.float64, device=X.device)
+    h = torch.zeros(m, dtype=torch.float64, device=X.device)
+    pp = torch.zeros((), dtype=torch.float64, device=X.device)
+    buf = torch.empty((m, width), dtype=X.dtype, device=X.device)
+    for sl in blocks(d, width):
+        B = buf[:, : sl.stop - sl.start]
+        piv = X[p, sl]
+        torch.sub(X[:, sl], piv, out=B[:n])
+        if ext is not None:
+            B[n:] = ext[:, sl] - piv  # in the promoted dtype, then rounded to X's (numpy's casting="unsafe")
+        C += (B @ B.T).double()  # full float32 products: TF32 stays off (module docstring)
+        h += (B @ piv).double()
+        pp += torch.dot(piv, piv).double()
+    Cn = _numpy(C)
+    return Gram(0.5 * (Cn + Cn.T), _numpy(h), float(pp))
+
+
+def combine(w, X: torch.Tensor, extra=None) -> torch.Tensor:
+    """``w @ [X; extra]`` in X's dtype on X's device (w: (m,) or (k, m) host coefficients)."""
+    n = X.shape[0]
+    w = np.asarray(w, dtype=np.float64)
+    out = small(w[..., :n], X) @ X
+    if extra is not None and extra.shape[0]:
+        out += small(w[..., n:], X) @ _on(extra, X).to(X.dtype)
+    return out
+
+
+def scaled_mean(X: torch.Tensor, scale: np.ndarray) -> torch.Tensor:
+    """The mean of the rows, each multiplied by ``scale`` in X's dtype, by column blocks (no scaled copy)."""
+    sc = small(scale[:, None], X)
+    out = torch.empty(X.shape[1], dtype=X.dtype, device=X.device)
+    for sl in blocks(X.shape[1], _width(X)):
+        torch.mean(X[:, sl] * sc, dim=0, out=out[sl])
+    return out
+
+
+def nonfinite_rows(X: torch.Tensor) -> np.ndarray:
+    n, d = X.shape
+    bad = torch.zeros(n, dtype=torch.bool, device=X.device)
+    for sl in blocks(d, _width(X)):
+        bad |= ~torch.isfinite(X[:, sl]).all(dim=1)
+    return _numpy(bad)
+
+
+def row_stats(X: torch.Tensor, R=None) -> tuple[np.ndarray, np.ndarray | None]:
+    n, d = X.shape
+    Rt = None if R is None else _on(R, X)
+    k = 0 if Rt is None else Rt.shape[0]
+    sq = torch.zeros(n, dtype=torch.float64, device=X.device)
+    dots = torch.zeros((n, k), dtype=torch.float64, device=X.device)
+    for sl in blocks(d, min(d, block_width(n + k, 8, DEVICE_BYTES))):
+        B = X[:, sl].double()
+        sq += (B * B).sum(dim=1)
+        if Rt is not None:
+            dots += B @ Rt[:, sl].double().T
+    return _numpy(sq), (_numpy(dots) if k else None)
+
+
+def for_sorted_columns(X: torch.Tensor, fn: Callable, scale: np.ndarray | None = None) -> None:
+    """``fn(columns, T)`` with T the (width, n) block of sorted columns, a tensor on X's device."""
+    sc = None if scale is None else small(scale[:, None], X)
+    for sl in blocks(X.shape[1], _width(X)):
+        B = X[:, sl] if sc is None else X[:, sl].abs() * sc
+        fn(sl, torch.sort(B.T, dim=1).values)
+
+
+def map_columns(X: torch.Tensor, task: Callable[[list[slice]], object]) -> None:
+    """Every column block in one call: the device queues the block's kernels, no worker threads."""
+    task(list(blocks(X.shape[1], _width(X))))
+
+
+def abs_row_quantiles(X: torch.Tensor, q: float) -> np.ndarray:
+    """The exact order statistics of ``|X[i]|`` on the device (kthvalue), interpolated on the host as numpy does."""
+    n, d = X.shape
+    pos = q * (d - 1)
+    lo = int(np.floor(pos))
+    frac = pos - lo
+    out = np.empty(n)
+    rows = max(1, DEVICE_BYTES // (d * X.element_size()))
+    for r in range(0, n, rows):
+        A = X[r : r + rows].abs()
+        lo_val = _numpy(torch.kthvalue(A, lo + 1, dim=1).values).astype(np.float64)
+        hi_val = (
+            _numpy(torch.kthvalue(A, lo + 2, dim=1).values).astype(np.float64) if frac > 0 and lo + 1 < d else lo_val
+        )
+        out[r : r + rows] = [host.lerp_quantile(a, b, frac) for a, b in zip(lo_val, hi_val)]
+    return out
+
+
+def sign_gram(X: torch.Tensor) -> np.ndarray:
+    """Exact: float32 products of signs, partial sums integers of at most 2^24 (TF32 would be exact too)."""
+    n, d = X.shape
+    acc = torch.zeros((n, n), dtype=torch.int64, device=X.device)
+    for sl in blocks(d, min(d, block_width(n, 4, DEVICE_BYTES), 1 << 24)):
+        S = torch.sign(X[:, sl]).float()
+        acc += torch.round(S @ S.T).long()
+    return _numpy(acc)
+
+
+def column_count(mask: torch.Tensor) -> torch.Tensor:
+    return mask.sum(dim=0, dtype=torch.int32)
+
+
+def column_sign_sum(B: torch.Tensor) -> torch.Tensor:
+    return column_count(B > 0) - column_count(B < 0)
+
+
+def signs(B: torch.Tensor, dtype) -> torch.Tensor:
+    if not isinstance(dtype, torch.dtype):
+        dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+    return torch.sign(B).to(dtype)
+
+
+def sort_rows(M: torch.Tensor) -> torch.Tensor:
+    return torch.sort(M, dim=1).values
+
+
+def ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """The float quotient is correctly rounded in num's dtype, as numpy's float64 quotient rounded to it."""
+    return torch.where(den > 0, num / den, torch.zeros((), dtype=num.dtype, device=num.device))

@@ -1,0 +1,112 @@
+"""Rules that find the non-finite rows in a pass they make anyway (``Aggregator._aggregate_checked``).
+
+CRFL reads finiteness off its mean, NormClipping and ARC-then-mean off the row norms, and ARC then
+the mean runs as one scaled mean (``_kernels.scaled_mean``) without the clipped copy. Each must give
+the bits of the plain path: the separate ``nonfinite_rows`` pass, then the rule on the rows (for ARC:
+``transform``, then ``Mean``), whether the rows are finite, hold NaN or an infinity, or are finite
+with squares or column sums that overflow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS, make_aggregator
+from fedring.aggregators import _kernels as K
+from fedring.aggregators.base import nonfinite_from_norms
+
+
+def rows(n: int, d: int, dtype=np.float32, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d)) * rng.uniform(0.1, 100.0, (n, 1))
+    return X.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(20, 70001), (64, 1), (64, 2), (64, 3), (3, 5), (1, 7), (7, 262145), (2, 65537)])
+def test_scaled_mean_is_the_mean_of_the_scaled_copy(shape, dtype):
+    # numpy reduces axis 0 row after row for d > 1 and pairwise for d = 1 (n = 64 tells them apart)
+    X = rows(*shape, dtype=dtype)
+    scale = np.random.default_rng(1).uniform(0.1, 1.0, shape[0])
+    scale[::3] = 1.0
+    want = (X * scale[:, None].astype(dtype)).mean(axis=0)
+    got = K.scaled_mean(X, scale)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_nonfinite_from_norms_checks_overflowing_rows_value_by_value():
+    X = np.array([[1.0, 2.0], [np.nan, 0.0], [1e200, 0.0], [-np.inf, 1.0]])
+    with np.errstate(over="ignore", invalid="ignore"):
+        sq = K.row_stats(X)[0]
+    assert np.isinf(sq[2])
+    assert nonfinite_from_norms(X, sq).tolist() == [False, True, False, True]
+
+
+def plain(name: str, f: int, X: np.ndarray, seed: int):
+    """The rule's result by the plain path: the non-finite rows left out, then the rule's passes."""
+    bad = K.nonfinite_rows(X)
+    keep = np.flatnonzero(~bad)
+    rng = np.random.default_rng(seed)
+    f = max(f - int(bad.sum()), 0)
+    Y = X[keep]
+    if name == "arc+mean":
+        return AGGREGATORS["mean"]().aggregate(PRE_AGGREGATORS["arc"](f).transform(Y, rng)[0]).vector, bad
+    if name == "normclipping":
+        factor = np.minimum(1.0, 3.0 / (np.sqrt(K.row_stats(Y)[0]) + 1e-6))
+        return K.combine(factor, Y) / Y.shape[0], bad
+    mean = Y.mean(axis=0)  # CRFL: the mean clipped to norm 3, plus N(0, 0.001^2) drawn in float64
+    norm = float(np.sqrt(np.dot(mean.astype(np.float64), mean.astype(np.float64))))
+    out = mean * X.dtype.type(min(1.0, 3.0 / (norm + 1e-10)))
+    return out + (0.001 * rng.standard_normal(X.shape[1])).astype(X.dtype), bad
+
+
+def fused(name: str, f: int, X: np.ndarray, seed: int):
+    rule = make_aggregator("mean", f, {}, ("arc",)) if name == "arc+mean" else make_aggregator(name, f)
+    return rule.aggregate(X, rng=np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("name", ["crfl", "normclipping", "arc+mean"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", ["finite", "nan-and-inf", "overflow"])
+def test_fused_check_gives_the_plain_paths_bits(name, dtype, case):
+    X = rows(20, 4099, dtype=dtype)
+    X[:2] *= 10
+    if case == "nan-and-inf":
+        X[3, 100] = np.nan
+        X[11, 0] = -np.inf
+    elif case == "overflow":  # finite rows whose squares (float64) or column sums (float32) overflow
+        X[5, 7] = X[6, 7] = 0.75 * np.finfo(np.float32).max if dtype == np.float32 else 1e200
+        with np.errstate(over="ignore"):
+            assert np.isinf(X.sum(axis=0)[7] if dtype == np.float32 else X[5, 7] ** 2)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want, bad = plain(name, 4, X, seed=3)
+        res = fused(name, 4, X, seed=3)
+    assert (res.excluded is None) == (not bad.any())
+    if bad.any():
+        assert res.excluded.tolist() == bad.tolist()
+    assert res.vector.dtype == dtype
+    np.testing.assert_array_equal(res.vector, want)
+
+
+def test_crfl_leaves_the_generator_where_the_finite_rows_leave_it():
+    # the noise is drawn beside the mean: a call that finds a non-finite row rewinds its draw
+    X = rows(6, 1000)
+    X[2, 0] = np.nan
+    rng_a, rng_b = np.random.default_rng(7), np.random.default_rng(7)
+    make_aggregator("crfl", 1).aggregate(X, rng=rng_a)
+    make_aggregator("crfl", 0).aggregate(np.delete(X, 2, axis=0), rng=rng_b)
+    assert rng_a.bit_generator.state == rng_b.bit_generator.state
+    assert rng_a.standard_normal() == rng_b.standard_normal()
+
+
+def test_scaled_mean_on_a_tensor_within_float32_rounding():
+    torch = pytest.importorskip("torch")
+    X = rows(12, 3001)
+    scale = np.linspace(0.2, 1.0, 12)
+    got = K.scaled_mean(torch.from_numpy(X), scale)
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float32
+    # two float32 sums of 12 scaled rows in different orders: each within n u max|X| of the exact sum
+    atol = 2 * 12 * 2.0**-24 * float(np.abs(X).max())
+    np.testing.assert_allclose(got.numpy(), K.scaled_mean(X, scale), rtol=0, atol=atol)
