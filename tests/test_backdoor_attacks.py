@@ -34,6 +34,7 @@ import pytest
 import torch
 from conftest import crash_at_round, fedring, fedring_many
 
+from fedring import arrays
 from fedring.attacks import AttackContext, Backdoor, ModelAttack, make_attack
 from fedring.attacks import base as attack_base
 from fedring.attacks.blades import chain_coefficients, signguard_noise
@@ -224,7 +225,12 @@ def test_neurotoxin_on_the_device_path_is_the_host_paths():
         TrainTask(cfg, 1)
         tr = Trainer(cfg, MPI.COMM_WORLD, host_path)
         seen, aggregate = [], tr.topology.aggregate
-        tr.topology.aggregate = lambda rows, *args: (seen.append(np.array(rows)), aggregate(rows, *args))[1]
+
+        def recorded(rows, *args):
+            seen.append(np.array(arrays.host(rows)))
+            return aggregate(rows, *args)
+
+        tr.topology.aggregate = recorded
         for t in range(3):
             train_round(tr, t)
         return seen, tr.clients.state[ATTACK_MEMORY]
