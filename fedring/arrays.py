@@ -44,8 +44,12 @@ def host(x: Array) -> np.ndarray:
 
 
 def host_into(x: Array, out: np.ndarray) -> None:
-    """Copy ``x`` (either kind) into the host buffer ``out`` of the same shape."""
-    out[...] = host(x)
+    """Copy ``x`` (either kind) into the host buffer ``out`` of the same shape: one copy (a tensor
+    copies itself into a tensor that shares ``out``'s memory)."""
+    if on_host(x):
+        out[...] = x
+        return
+    array_namespace(x).asarray(out, copy=False).copy_(x.detach())
 
 
 def like(a: np.ndarray, ref: Array) -> Array:

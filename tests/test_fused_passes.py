@@ -1,10 +1,10 @@
 """Rules that find the non-finite rows in a pass they make anyway (``Aggregator._aggregate_checked``).
 
-CRFL reads finiteness off its mean, NormClipping and ARC-then-mean off the row norms, and ARC then
-the mean runs as one scaled mean (``_kernels.scaled_mean``) without the clipped copy. Each must give
-the bits of the plain path: the separate ``nonfinite_rows`` pass, then the rule on the rows (for ARC:
-``transform``, then ``Mean``), whether the rows are finite, hold NaN or an infinity, or are finite
-with squares or column sums that overflow.
+CRFL reads finiteness off its mean; NormClipping, ARC-then-mean and clipping-then-mean off the row
+norms; and ARC or static clipping then the mean run as one scaled mean (``_kernels.scaled_mean``)
+without the clipped copy. Each must give the bits of the plain path: the separate ``nonfinite_rows``
+pass, then the rule on the rows (for a pre-aggregator: ``transform``, then ``Mean``), whether the
+rows are finite, hold NaN or an infinity, or are finite with squares or column sums that overflow.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ def plain(name: str, f: int, X: np.ndarray, seed: int):
     rng = np.random.default_rng(seed)
     f = max(f - int(bad.sum()), 0)
     Y = X[keep]
-    if name == "arc+mean":
-        return AGGREGATORS["mean"]().aggregate(PRE_AGGREGATORS["arc"](f).transform(Y, rng)[0]).vector, bad
+    if name in ("arc+mean", "clipping+mean"):
+        stage = PRE_AGGREGATORS["arc"](f) if name == "arc+mean" else PRE_AGGREGATORS["clipping"](f)
+        return AGGREGATORS["mean"]().aggregate(stage.transform(Y, rng)[0]).vector, bad
     if name == "normclipping":
         factor = np.minimum(1.0, 3.0 / (np.sqrt(K.row_stats(Y)[0]) + 1e-6))
         return K.combine(factor, Y) / Y.shape[0], bad
@@ -63,11 +64,12 @@ def plain(name: str, f: int, X: np.ndarray, seed: int):
 
 
 def fused(name: str, f: int, X: np.ndarray, seed: int):
-    rule = make_aggregator("mean", f, {}, ("arc",)) if name == "arc+mean" else make_aggregator(name, f)
+    pre = name.removesuffix("+mean")
+    rule = make_aggregator("mean", f, {}, (pre,)) if name.endswith("+mean") else make_aggregator(name, f)
     return rule.aggregate(X, rng=np.random.default_rng(seed))
 
 
-@pytest.mark.parametrize("name", ["crfl", "normclipping", "arc+mean"])
+@pytest.mark.parametrize("name", ["crfl", "normclipping", "arc+mean", "clipping+mean"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", ["finite", "nan-and-inf", "overflow"])
 def test_fused_check_gives_the_plain_paths_bits(name, dtype, case):

@@ -199,3 +199,17 @@ def test_device_path_under_alie_within_the_reductions_rounding(runs, name):
             assert np.abs(host[key] - device[key]).max() <= bound, key
         else:
             assert host[key].tobytes() == device[key].tobytes(), key
+
+
+def test_rows_of_a_dtype_numpy_lacks_are_refused_before_any_message():
+    """A bfloat16 tensor has float16's size but not its format: the rows check names it instead of
+    moving its bits as another type."""
+    import torch
+    from mpi4py import MPI
+
+    from fedring.comm import Layout, Network
+
+    net = Network(Layout(2, MPI.COMM_SELF))
+    with pytest.raises(ValueError, match="rows must be numeric, got dtype torch.bfloat16"):
+        net.check_rows(torch.zeros((2, 4), dtype=torch.bfloat16))
+    net.check_rows(torch.zeros((2, 4), dtype=torch.float16))

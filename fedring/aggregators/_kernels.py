@@ -151,9 +151,9 @@ def sort_rows(M):
     """M with each row sorted: a contiguous copy sorted in place on the host, ``torch.sort`` on a device."""
     if is_torch_array(M):
         return _torch().sort_rows(M)
-    T = np.ascontiguousarray(M)
-    T.sort(axis=1)
-    return T
+    ranked = np.ascontiguousarray(M)
+    ranked.sort(axis=1)
+    return ranked
 
 
 def ratio(num, den):

@@ -36,8 +36,10 @@ def _on(a, X: torch.Tensor) -> torch.Tensor:
 
 
 def small(a: np.ndarray, X: torch.Tensor) -> torch.Tensor:
-    """The small host array ``a`` in X's dtype on X's device (numpy's ``a.astype(X.dtype)``)."""
-    return torch.as_tensor(np.asarray(a), device=X.device).to(X.dtype)
+    """The host array ``a`` in X's dtype on X's device: numpy's ``a.astype(X.dtype)``, cast on the host
+    (half the bytes to move for a float64 ``a`` and float32 rows)."""
+    dtype = torch.empty(0, dtype=X.dtype).numpy().dtype
+    return torch.as_tensor(np.asarray(a).astype(dtype, copy=False), device=X.device)
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
@@ -136,19 +138,22 @@ def map_columns(X: torch.Tensor, task: Callable[[list[slice]], object]) -> None:
 
 
 def abs_row_quantiles(X: torch.Tensor, q: float) -> np.ndarray:
-    """The exact order statistics of ``|X[i]|`` on the device (kthvalue), interpolated on the host as numpy does."""
+    """The exact order statistics of ``|X[i]|`` on the device, interpolated on the host as numpy does.
+
+    They come from a sort of each row (a few rows at a time): ``torch.kthvalue`` has no
+    deterministic CUDA implementation before torch 2.10, and a run on a GPU turns deterministic
+    algorithms on (:func:`fedring.train.device.select`)."""
     n, d = X.shape
     pos = q * (d - 1)
     lo = int(np.floor(pos))
     frac = pos - lo
+    hi = lo + 1 if frac > 0 and lo + 1 < d else lo
     out = np.empty(n)
     rows = max(1, DEVICE_BYTES // (d * X.element_size()))
     for r in range(0, n, rows):
-        A = X[r : r + rows].abs()
-        lo_val = _numpy(torch.kthvalue(A, lo + 1, dim=1).values).astype(np.float64)
-        hi_val = (
-            _numpy(torch.kthvalue(A, lo + 2, dim=1).values).astype(np.float64) if frac > 0 and lo + 1 < d else lo_val
-        )
+        ranked = torch.sort(X[r : r + rows].abs(), dim=1).values
+        lo_val = _numpy(ranked[:, lo]).astype(np.float64)
+        hi_val = _numpy(ranked[:, hi]).astype(np.float64)
         out[r : r + rows] = [host.lerp_quantile(a, b, frac) for a, b in zip(lo_val, hi_val)]
     return out
 

@@ -9,8 +9,9 @@ import numpy as np
 
 from fedring.validate import integer, real
 
-from ._kernels import gram, row_stats, small
-from .base import PreAggregator, register_pre
+from ._kernels import gram, row_stats, scaled_mean, small
+from .base import AggregateResult, PreAggregator, nonfinite_from_norms, register_pre
+from .coordinatewise import Mean
 
 
 @register_pre
@@ -107,7 +108,21 @@ class Clipping(PreAggregator):
         super().__init__(f)
         self.c = real("clipping.c", c, lo=0.0, lo_open=True)
 
+    def factors(self, sq: np.ndarray) -> np.ndarray:
+        """``min(1, c / ||x_i||)`` from the squared row norms ``sq`` (1 for a zero row)."""
+        norms = np.sqrt(sq)
+        return np.minimum(1.0, np.divide(self.c, norms, out=np.full_like(norms, np.inf), where=norms > 0))
+
     def transform(self, X, rng):
-        norms = np.sqrt(row_stats(X)[0])
-        factor = np.minimum(1.0, np.divide(self.c, norms, out=np.full_like(norms, np.inf), where=norms > 0))
-        return X * small(factor[:, None], X), np.arange(X.shape[0])
+        return X * small(self.factors(row_stats(X)[0])[:, None], X), np.arange(X.shape[0])
+
+    def then_checked(self, rule, X, state, reference, rng):
+        """The mean of the clipped rows, the bits of ``Mean`` on ``transform(X)``, in one pass
+        after the norms' (which also show which rows are finite), without the clipped copy."""
+        if type(rule) is not Mean:
+            return None
+        sq = row_stats(X)[0]
+        excluded = nonfinite_from_norms(X, sq)
+        if excluded.any():
+            return excluded
+        return AggregateResult(scaled_mean(X, self.factors(sq)))

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from fedring.arrays import array_namespace, host, host_into, like, on_host, strided
+from fedring.arrays import array_namespace, device, host, host_into, like, on_host, strided
 from fedring.errors import ConfigError
 from fedring.validate import fills_ranks
 
@@ -82,8 +82,12 @@ def host_dtype(x) -> np.dtype:
         ("real floating", "f", xp.finfo),
     ):
         if xp.isdtype(x.dtype, kind):
-            return np.dtype(f"{code}{info(x.dtype).bits // 8}")
-    return np.dtype(np.void)  # not numeric: refused by Network.check_rows
+            dtype = np.dtype(f"{code}{info(x.dtype).bits // 8}")
+            # a float that numpy has no type for (bfloat16: float16's size, not its format) is refused
+            if code == "f" and info(x.dtype).eps != np.finfo(dtype).eps:
+                break
+            return dtype
+    return np.dtype(np.void)  # not a numpy number: refused by Network.check_rows
 
 
 def nbytes(x) -> int:
@@ -422,9 +426,9 @@ class Network:
             },
         )
 
-    def _recv_buffer(self, like: np.ndarray, count: int) -> np.ndarray:
-        """A host buffer of ``count`` elements of the dtype of ``like`` (either kind), reused."""
-        dtype = host_dtype(like)
+    def _recv_buffer(self, kind, count: int) -> np.ndarray:
+        """A host buffer of ``count`` elements of the dtype of the array ``kind`` (either kind), reused."""
+        dtype = host_dtype(kind)
         nbytes = count * dtype.itemsize
         if self._scratch.nbytes < nbytes:
             self._scratch = np.empty(nbytes, np.uint8)
@@ -565,18 +569,22 @@ class Network:
         if on_host(local):
             out = np.empty((int(offsets[-1]), *local.shape[1:]), local.dtype)
             out[: len(mine)] = local
-        elif offsets[-1] == len(mine):  # nothing to receive: the server's own rows, where they are
-            return local
-        else:  # the others' rows into one host buffer, then one copy to the device
-            out = np.empty((int(offsets[-1]) - len(mine), *local.shape[1:]), host_dtype(local))
-            offsets = offsets - len(mine)
-        requests = [
-            q for r in range(1, lay.size) if counts[r] for q in self._irecv(out[offsets[r] : offsets[r + 1]], r)
-        ]
-        self.complete(requests)
-        if on_host(local):
+            self.complete(
+                [q for r in range(1, lay.size) if counts[r] for q in self._irecv(out[offsets[r] : offsets[r + 1]], r)]
+            )
             return out
-        return array_namespace(local).concat([local, like(out, local)])
+        if offsets[-1] == len(mine):  # nothing to receive: the server's own rows, where they are
+            return local
+        # the stacked rows on the device, once; each rank's block through one reused host buffer
+        xp = array_namespace(local)
+        stacked = xp.empty((int(offsets[-1]), *local.shape[1:]), dtype=local.dtype, device=device(local))
+        stacked[: len(mine), ...] = local
+        block = np.empty((int(counts[1:].max()), *local.shape[1:]), host_dtype(local))
+        for r in range(1, lay.size):
+            if counts[r]:
+                self.complete(self._irecv(block[: counts[r]], r))
+                stacked[offsets[r] : offsets[r + 1], ...] = like(block[: counts[r]], local)
+        return stacked
 
     def gather_blocks(self, local, phase: str) -> Iterator[tuple[int, Any]]:
         """Every client sends its row to the server (rank 0), one rank's rows at a time: rank 0

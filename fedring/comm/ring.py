@@ -51,9 +51,10 @@ def rotation(shift: int, n: int) -> Callable[[int], int]:
 
 
 def reduce_scatter(
-    net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "reduce_scatter", check: bool = True, ahead=None
+    net: Network, rows, bounds: np.ndarray, phase: str = "reduce_scatter", check: bool = True, ahead=None
 ) -> None:
-    """In place: afterwards client ``i``'s row holds the ring sum of chunk ``(i + 1) mod n``.
+    """In place: afterwards client ``i``'s row holds the ring sum of chunk ``(i + 1) mod n`` (``rows``:
+    numpy or a device array, docs/arrays.md).
 
     ``check=False`` skips :meth:`Network.check_rows` for rows the caller made itself;
     ``ahead`` prepares a chunk while the partial sum into it travels (:meth:`Network.ring_step`).
@@ -66,7 +67,7 @@ def reduce_scatter(
 
 
 def all_gather(
-    net: Network, rows: np.ndarray, bounds: np.ndarray, phase: str = "all_gather", check: bool = True, ahead=None
+    net: Network, rows, bounds: np.ndarray, phase: str = "all_gather", check: bool = True, ahead=None
 ) -> None:
     """In place: client ``i`` starts owning chunk ``(i + 1) mod n``; afterwards every row holds all chunks.
 
