@@ -210,6 +210,6 @@ def test_rows_of_a_dtype_numpy_lacks_are_refused_before_any_message():
     from fedring.comm import Layout, Network
 
     net = Network(Layout(2, MPI.COMM_SELF))
-    with pytest.raises(ValueError, match="rows must be numeric, got dtype torch.bfloat16"):
+    with pytest.raises(ValueError, match=r"rows must be numeric, got dtype torch\.bfloat16"):
         net.check_rows(torch.zeros((2, 4), dtype=torch.bfloat16))
     net.check_rows(torch.zeros((2, 4), dtype=torch.float16))
