@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._kernels import row_stats, scaled_mean, small
-from .base import AggregateResult, PreAggregator, nonfinite_from_norms, register_pre
-from .coordinatewise import Mean
+from .base import register_pre
+from .preaggregators import RowScaling
 
 
 def arc_clipped(n: int, f: int) -> int:
@@ -23,7 +22,7 @@ def arc_clipped(n: int, f: int) -> int:
 
 
 @register_pre
-class ARC(PreAggregator):
+class ARC(RowScaling):
     r"""Adaptive robust clipping: clip the k largest rows to the norm of the (k + 1)-th largest
     (Allouah et al., "The vital role of gradient clipping in Byzantine-resilient distributed
     learning", arXiv:2405.14432, NeurIPS 2024; ByzFL ``ARC(f)``).
@@ -68,20 +67,5 @@ class ARC(PreAggregator):
         factor[over] = threshold / norms[over]
         return factor
 
-    def transform(self, X, rng):
-        n = X.shape[0]
-        if arc_clipped(n, self.f) == 0:
-            return X, np.arange(n)
-        return X * small(self.factors(row_stats(X)[0])[:, None], X), np.arange(n)
-
-    def then_checked(self, rule, X, state, reference, rng):
-        """The mean of the clipped rows, the bits of ``Mean`` on ``transform(X)``, in one pass
-        after the norms' (which also show which rows are finite), without the clipped copy."""
-        if type(rule) is not Mean:
-            return None
-        sq = row_stats(X)[0]
-        excluded = nonfinite_from_norms(X, sq)
-        if excluded.any():
-            return excluded
-        clipped = arc_clipped(X.shape[0], self.f) > 0
-        return AggregateResult(scaled_mean(X, self.factors(sq)) if clipped else X.mean(axis=0))
+    def clips(self, n):
+        return arc_clipped(n, self.f) > 0

@@ -14,6 +14,37 @@ from .base import AggregateResult, PreAggregator, nonfinite_from_norms, register
 from .coordinatewise import Mean
 
 
+class RowScaling(PreAggregator):
+    """A pre-aggregator that multiplies each row by a factor of the rows' norms (static clipping,
+    ARC): ``factors`` from the squared norms, one blocked pass for them; in front of the mean, the
+    clipped mean straight from the rows (:meth:`then_checked`), without the scaled copy."""
+
+    def clips(self, n: int) -> bool:
+        """Whether any of ``n`` rows may be scaled (else the rows pass as they are, with no pass)."""
+        return True
+
+    def factors(self, sq: np.ndarray) -> np.ndarray:
+        """The rows' factors from their squared norms ``sq``."""
+        raise NotImplementedError
+
+    def transform(self, X, rng):
+        n = X.shape[0]
+        if not self.clips(n):
+            return X, np.arange(n)
+        return X * small(self.factors(row_stats(X)[0])[:, None], X), np.arange(n)
+
+    def then_checked(self, rule, X, state, reference, rng):
+        """The mean of the scaled rows, the bits of ``Mean`` on ``transform(X)``, in one pass
+        after the norms' (which also show which rows are finite), without the scaled copy."""
+        if type(rule) is not Mean:
+            return None
+        sq = row_stats(X)[0]
+        excluded = nonfinite_from_norms(X, sq)
+        if excluded.any():
+            return excluded
+        return AggregateResult(scaled_mean(X, self.factors(sq)) if self.clips(X.shape[0]) else X.mean(axis=0))
+
+
 @register_pre
 class NNM(PreAggregator):
     r"""Nearest-neighbour mixing: row i becomes the mean of its n - f nearest rows, itself included.
@@ -86,7 +117,7 @@ class Bucketing(PreAggregator):
 
 
 @register_pre
-class Clipping(PreAggregator):
+class Clipping(RowScaling):
     r"""Static norm clipping: :math:`y_i = \min(1, c / \|x_i\|_2)\, x_i` (ByzFL ``Clipping(c)``).
 
     Parameters
@@ -112,17 +143,3 @@ class Clipping(PreAggregator):
         """``min(1, c / ||x_i||)`` from the squared row norms ``sq`` (1 for a zero row)."""
         norms = np.sqrt(sq)
         return np.minimum(1.0, np.divide(self.c, norms, out=np.full_like(norms, np.inf), where=norms > 0))
-
-    def transform(self, X, rng):
-        return X * small(self.factors(row_stats(X)[0])[:, None], X), np.arange(X.shape[0])
-
-    def then_checked(self, rule, X, state, reference, rng):
-        """The mean of the clipped rows, the bits of ``Mean`` on ``transform(X)``, in one pass
-        after the norms' (which also show which rows are finite), without the clipped copy."""
-        if type(rule) is not Mean:
-            return None
-        sq = row_stats(X)[0]
-        excluded = nonfinite_from_norms(X, sq)
-        if excluded.any():
-            return excluded
-        return AggregateResult(scaled_mean(X, self.factors(sq)))
