@@ -66,7 +66,7 @@ class Clients:
         batch_loss = np.zeros(self.layout.n_clients)
         remembers = self.data_attack is not None and self.data_attack.remembers
         # an attack that remembers reads the weights in host memory: copied once a round, not per attacker
-        w_host = None if not remembers else w if isinstance(w, np.ndarray) else w.detach().cpu().numpy()
+        w_host = host(w) if remembers else None
         for group in self.source.groups(self.layout.local_clients, taking):
             self.steps_of(t, w, group, batch_loss, w_host)
         return self.rows, batch_loss

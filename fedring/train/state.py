@@ -19,6 +19,7 @@ from mpi4py import MPI
 from torch import nn
 
 from fedring import names
+from fedring.arrays import host
 from fedring.comm import Layout
 
 BN_STATS = ("aggregate", "local")
@@ -33,8 +34,7 @@ def checkpoint_rows(comm: MPI.Comm, layout: Layout, local: np.ndarray | torch.Te
     """Collective: every client's rows as a checkpoint array on rank 0 (:class:`CheckpointRows`); the
     other ranks send their block, which rank 0 receives when it writes, and get None. Rows on a
     device are copied to host memory first."""
-    if isinstance(local, torch.Tensor):
-        local = local.cpu().numpy()
+    local = host(local)
     if layout.rank != 0:
         comm.Send(np.ascontiguousarray(local), dest=0)
         return None
