@@ -14,6 +14,7 @@ from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS, make_aggregator
 from fedring.aggregators._kernels import abs_row_quantiles, gram, sign_gram
 from fedring.aggregators.copod import copod_scores
 from fedring.aggregators.krum import krum_scores
+from fedring.aggregators.probe import LinearProbe
 from fedring.errors import ConfigError
 
 BYZFL = np.array([[1.0, 2, 3], [4, 5, 6], [7, 8, 9]])  # ByzFL's unit-test matrix
@@ -450,6 +451,11 @@ def test_stays_in_honest_range_under_huge_outliers(name):
         assert any(np.array_equal(out, h) for h in honest)
 
 
+def probe_for(rule, d):
+    """A probe of a softmax regression with 2 classes (d even) for a rule that inspects the model (DeepSight)."""
+    return LinearProbe(np.zeros(d), 0.1, (d // 2 - 1,)) if rule.needs_probe else None
+
+
 @pytest.mark.parametrize("name", sorted(AGGREGATORS))
 def test_float32_in_float32_out(name):
     rng = np.random.default_rng(14)
@@ -457,8 +463,9 @@ def test_float32_in_float32_out(name):
     a = make_aggregator(name, 1, {})
     X64 = X.astype(np.float64)
     ref = X64.mean(axis=0)
-    out32 = a.aggregate(X, reference=ref, rng=np.random.default_rng(0)).vector
-    out64 = make_aggregator(name, 1, {}).aggregate(X64, reference=ref, rng=np.random.default_rng(0)).vector
+    probe = probe_for(a, 40)
+    out32 = a.aggregate(X, reference=ref, rng=np.random.default_rng(0), probe=probe).vector
+    out64 = make_aggregator(name, 1, {}).aggregate(X64, reference=ref, rng=np.random.default_rng(0), probe=probe).vector
     assert out32.dtype == np.float32 and out64.dtype == np.float64 and out32.shape == (40,)
     np.testing.assert_allclose(out32, out64, rtol=2e-4, atol=2e-5)
 
@@ -520,7 +527,7 @@ def test_three_rounds_like_the_training_loop(name):
         G[:f] = -10 * (w - target)  # Byzantine clients push uphill
         G = G.astype(np.float32)
         ref = (w - target).astype(np.float32)
-        res = a.aggregate(G, state=state, reference=ref, rng=np.random.default_rng([5, t]))
+        res = a.aggregate(G, state=state, reference=ref, rng=np.random.default_rng([5, t]), probe=probe_for(a, d))
         assert res.vector.shape == (d,) and res.vector.dtype == np.float32 and np.all(np.isfinite(res.vector))
         assert res.selected is None or (
             res.selected.shape == (n,) and np.all((res.selected >= 0) & (res.selected <= 1))

@@ -95,6 +95,7 @@ def test_registry_names_and_knowledge():
         "edgecase",
         "clippedclustering_attack",
         "signguard_attack",
+        "altermin",
     }
     built = {name: make_attack(name, {}, n_clients=10) for name in ATTACKS}
     assert {n: a.knowledge for n, a in built.items() if a.knowledge != "omniscient"} == {
@@ -106,6 +107,7 @@ def test_registry_names_and_knowledge():
         "dba": "own",
         "neurotoxin": "own",
         "edgecase": "own",
+        "altermin": "own",
     }
     assert {n for n, a in built.items() if isinstance(a, DataAttack)} == {
         "labelflip",
@@ -113,6 +115,7 @@ def test_registry_names_and_knowledge():
         "dba",
         "neurotoxin",
         "edgecase",
+        "altermin",
     }
     assert make_attack("fang_trim", {"variant": "partial"}).knowledge == "collusion"
     assert make_attack("alie", {"stats": "byzantine"}).knowledge == "collusion"
@@ -156,7 +159,7 @@ def test_bad_settings_name_the_key(name, params, key):
         make_attack(name, params)
     assert err.value.key == key
     if key == "attack":
-        assert "allowed: none, adaptive, alie, backdoor" in str(err.value)
+        assert "allowed: none, adaptive, alie, altermin, backdoor" in str(err.value)
 
 
 def test_unknown_parameter_lists_allowed_ones():

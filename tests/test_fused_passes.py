@@ -1,10 +1,11 @@
 """Rules that find the non-finite rows in a pass they make anyway (``Aggregator._aggregate_checked``).
 
-CRFL reads finiteness off its mean; NormClipping, ARC-then-mean and clipping-then-mean off the row
-norms; and ARC or static clipping then the mean run as one scaled mean (``_kernels.scaled_mean``)
-without the clipped copy. Each must give the bits of the plain path: the separate ``nonfinite_rows``
-pass, then the rule on the rows (for a pre-aggregator: ``transform``, then ``Mean``), whether the
-rows are finite, hold NaN or an infinity, or are finite with squares or column sums that overflow.
+The mean and CRFL read finiteness off the mean (``_kernels.mean``, one parallel pass);
+NormClipping, ARC-then-mean and clipping-then-mean off the row norms; and ARC or static clipping
+then the mean run as one scaled mean (``_kernels.scaled_mean``) without the clipped copy. Each
+must give the bits of the plain path: the separate ``nonfinite_rows`` pass, then the rule on the
+rows (for a pre-aggregator: ``transform``, then ``Mean``), whether the rows are finite, hold NaN
+or an infinity, or are finite with squares or column sums that overflow.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def test_scaled_mean_is_the_mean_of_the_scaled_copy(shape, dtype):
     got = K.scaled_mean(X, scale)
     assert got.dtype == dtype
     np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(K.mean(X), X.mean(axis=0))
 
 
 def test_nonfinite_from_norms_checks_overflowing_rows_value_by_value():
@@ -54,6 +56,8 @@ def plain(name: str, f: int, X: np.ndarray, seed: int):
     if name in ("arc+mean", "clipping+mean"):
         stage = PRE_AGGREGATORS["arc"](f) if name == "arc+mean" else PRE_AGGREGATORS["clipping"](f)
         return AGGREGATORS["mean"]().aggregate(stage.transform(Y, rng)[0]).vector, bad
+    if name == "mean":
+        return Y.mean(axis=0), bad
     if name == "normclipping":
         factor = np.minimum(1.0, 3.0 / (np.sqrt(K.row_stats(Y)[0]) + 1e-6))
         return K.combine(factor, Y) / Y.shape[0], bad
@@ -69,7 +73,7 @@ def fused(name: str, f: int, X: np.ndarray, seed: int):
     return rule.aggregate(X, rng=np.random.default_rng(seed))
 
 
-@pytest.mark.parametrize("name", ["crfl", "normclipping", "arc+mean", "clipping+mean"])
+@pytest.mark.parametrize("name", ["mean", "crfl", "normclipping", "arc+mean", "clipping+mean"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", ["finite", "nan-and-inf", "overflow"])
 def test_fused_check_gives_the_plain_paths_bits(name, dtype, case):

@@ -8,6 +8,7 @@ import pytest
 from conftest import fedring_many
 
 from fedring.aggregators import AGGREGATORS, make_aggregator
+from fedring.aggregators.probe import LinearProbe
 from fedring.attacks import AttackContext, NonFinite
 from fedring.errors import ConfigError
 
@@ -34,9 +35,10 @@ def test_every_rule_aggregates_the_finite_rows_told_f_minus_e(name, rows):
     rows with f' = f - e declared Byzantine clients, and it is finite."""
     rule = make_aggregator(name, 3 if name != "bulyan" else 2)
     keep = np.setdiff1d(np.arange(12), rows)
-    got = rule.aggregate(poisoned(rows), reference=reference_for(rule), rng=np.random.default_rng(1))
+    probe = LinearProbe(np.zeros(40), 0.1, (19,)) if rule.needs_probe else None  # DeepSight's model
+    got = rule.aggregate(poisoned(rows), reference=reference_for(rule), rng=np.random.default_rng(1), probe=probe)
     want = rule.with_f(max(rule.f - len(rows), 0)).aggregate(
-        X[keep], reference=reference_for(rule), rng=np.random.default_rng(1)
+        X[keep], reference=reference_for(rule), rng=np.random.default_rng(1), probe=probe
     )
     assert got.vector.tobytes() == want.vector.tobytes()
     assert np.isfinite(got.vector).all()

@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 
 from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS, make_aggregator  # noqa: E402
 from fedring.aggregators import _kernels as K  # noqa: E402
+from fedring.aggregators.probe import LinearProbe  # noqa: E402
 
 #: rules whose tensor path selects and copies the same float32 values, or counts signs exactly
 EXACT = {"median", "krum", "signsgd", "rlr"}
@@ -76,10 +77,15 @@ def run_both(a, b, X: np.ndarray, rounds: int = 2):
     honest = np.delete(X, [1, 4], axis=0)
     ref = honest[np.isfinite(honest).all(axis=1)].mean(axis=0)
     s_np, s_t = a.init_state(n, d), b.init_state(n, d)
+    probe = LinearProbe(np.zeros(d), 0.1, (d // 2 - 1,)) if a.needs_probe else None  # DeepSight's model
     for t in range(rounds):
-        r_np = a.aggregate(X, state=s_np, reference=ref, rng=np.random.default_rng(t))
+        r_np = a.aggregate(X, state=s_np, reference=ref, rng=np.random.default_rng(t), probe=probe)
         r_t = b.aggregate(
-            torch.from_numpy(X.copy()), state=s_t, reference=torch.from_numpy(ref), rng=np.random.default_rng(t)
+            torch.from_numpy(X.copy()),
+            state=s_t,
+            reference=torch.from_numpy(ref),
+            rng=np.random.default_rng(t),
+            probe=probe,
         )
         yield r_np, r_t, s_np, s_t
 

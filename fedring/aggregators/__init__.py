@@ -53,6 +53,7 @@ class Pipeline(Aggregator):
         self.f = rule.f
         self.name = "+".join([p.name for p in self.pre] + [rule.name])
         self.needs_reference = rule.needs_reference
+        self.needs_probe, self.probe = rule.needs_probe, rule.probe
         self.selects = rule.selects
         self.client_state = rule.client_state
         self.on_device = rule.on_device and all(p.on_device for p in self.pre)
@@ -62,6 +63,9 @@ class Pipeline(Aggregator):
         if f == self.f:
             return self
         return Pipeline([p.with_f(f) for p in self.pre], self.rule.with_f(f))
+
+    def with_probe(self, probe):
+        return Pipeline(self.pre, self.rule.with_probe(probe))
 
     def _rows_after(self, n: int) -> int:
         for p in self.pre:

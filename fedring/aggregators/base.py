@@ -13,6 +13,7 @@ from fedring.registry import Registry
 from fedring.validate import integer
 
 from ._kernels import nonfinite_rows
+from .probe import Probe
 
 #: the server rules and the pre-aggregators, by name (``python -m fedring run --help`` lists them)
 AGGREGATORS = Registry("aggregator")
@@ -111,6 +112,10 @@ class Aggregator:
     # class defaults that an instance may override (a Pipeline takes its rule's, a parameter may turn one on)
     name: str = ""
     needs_reference: bool = False
+    #: the rule inspects the round's model through a :class:`~fedring.aggregators.probe.Probe`
+    needs_probe: bool = False
+    #: the probe a rule that needs one was bound to (:meth:`with_probe`)
+    probe: Probe | None = None
     #: the rule returns per-client ``selected`` weights
     selects: bool = False
     #: state arrays kept per client: name -> the axis that indexes clients
@@ -147,13 +152,24 @@ class Aggregator:
         other.f = f
         return other
 
+    def with_probe(self, probe: Probe) -> Aggregator:
+        """This rule bound to the round's model ``probe`` (a shallow copy), for a rule that ``needs_probe``."""
+        other = copy.copy(self)
+        other.probe = probe
+        return other
+
     def aggregate(
         self,
         X: Any,
         state: dict | None = None,
         reference: Any = None,
         rng: np.random.Generator | None = None,
+        probe: Probe | None = None,
     ) -> AggregateResult:
+        """The rule on the ``(n, d)`` rows ``X`` (class docstring); ``probe``, the round's model, is
+        read by a rule that ``needs_probe`` (and ignored by the others)."""
+        if self.needs_probe and probe is not None:
+            return self.with_probe(probe).aggregate(X, state, reference, rng)
         X = as_matrix(X)
         if not (on_host(X) or self.on_device):  # one copy to the host, the vector back to the rows' device
             result = self.aggregate(host(X), state, host(reference) if is_torch_array(reference) else reference, rng)
@@ -171,6 +187,8 @@ class Aggregator:
                 raise ValueError(f"{self.name}: reference must have shape ({d},), got {tuple(reference.shape)}")
         elif self.needs_reference:
             raise ValueError(f"{self.name} needs the server's reference gradient (reference=...)")
+        if self.needs_probe and self.probe is None:
+            raise ValueError(f"{self.name} inspects the model and needs the round's probe of it (probe=...)")
         if state is None:
             state = self.init_state(n, d)
         rng = rng if rng is not None else self._rng

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np  # noqa: F401 (the doctests)
+import numpy as np
 
 from fedring.errors import ConfigError
 from fedring.validate import choice, integer, real
 
-from ._kernels import empty_row, for_sorted_columns
+from ._kernels import empty_row, for_sorted_columns, mean, nonfinite_rows, sqnorm
 from .base import AggregateResult, Aggregator, register
 
 
@@ -26,8 +26,14 @@ class Mean(Aggregator):
     name = "mean"
     on_device = True
 
-    def _aggregate(self, X, state, reference, rng):
-        return AggregateResult(X.mean(axis=0))
+    def _aggregate_checked(self, X, state, reference, rng):
+        # one pass: a column's mean is finite only if the column is, so a finite mean has finite rows
+        out = mean(X)
+        if not np.isfinite(sqnorm(out)):  # a non-finite row, or finite rows whose sum overflowed
+            excluded = nonfinite_rows(X)
+            if excluded.any():
+                return excluded
+        return AggregateResult(out)
 
 
 @register

@@ -6,7 +6,7 @@ import numpy as np
 
 from fedring.validate import real
 
-from ._kernels import background, nonfinite_rows, small, sqnorm
+from ._kernels import background, mean, nonfinite_rows, small, sqnorm
 from .base import AggregateResult, Aggregator, register
 
 
@@ -47,8 +47,8 @@ class CRFL(Aggregator):
 
     def clipped_mean(self, X: np.ndarray) -> np.ndarray:
         """The deterministic part: the mean clipped to norm ρ."""
-        mean = X.mean(axis=0)
-        return self._clip(mean, sqnorm(mean), X)
+        avg = mean(X)
+        return self._clip(avg, sqnorm(avg), X)
 
     def _clip(self, mean, sq: float, X):
         """``mean`` (a fresh array, scaled in place) clipped to norm ρ, given its squared norm ``sq``."""
@@ -60,8 +60,8 @@ class CRFL(Aggregator):
         # and rng is rewound when a non-finite row means that this call must not draw.
         start = rng.bit_generator.state
         draws = background(rng.standard_normal, X.shape[1]) if self.noise > 0 else None
-        mean = X.mean(axis=0)
-        sq = sqnorm(mean)  # a column sum is finite only if its column is: a finite mean, finite rows
+        avg = mean(X)
+        sq = sqnorm(avg)  # a column sum is finite only if its column is: a finite mean, finite rows
         if not np.isfinite(sq):  # a non-finite row, or finite rows whose sum overflowed
             excluded = nonfinite_rows(X)
             if excluded.any():
@@ -69,7 +69,7 @@ class CRFL(Aggregator):
                     draws.result()
                     rng.bit_generator.state = start
                 return excluded
-        out = self._clip(mean, sq, X)
+        out = self._clip(avg, sq, X)
         if draws is not None:
             noise = draws.result()  # the host's draws
             noise *= self.noise

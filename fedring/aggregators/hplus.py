@@ -102,7 +102,8 @@ class HPlus(Aggregator):
     ):
         super().__init__(f)
         self.mode = choice("hplus.mode", mode, ("base", "clean"))
-        allowed = tuple(sorted(k for k in AGGREGATORS if k != "hplus"))
+        # a rule that inspects the model reads whole rows, not H+'s segments of them
+        allowed = tuple(sorted(k for k in AGGREGATORS if k != "hplus" and not AGGREGATORS[k].needs_probe))
         self.base = choice("hplus.base", base, allowed)
         self.K = integer("hplus.K", K, lo=1)
         self.r = integer("hplus.r", r, lo=1)

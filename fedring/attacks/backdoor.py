@@ -101,6 +101,11 @@ class Backdoor(DataAttack):
         have); None (here): the test samples whose label is not ``target``, with the trigger."""
         return None
 
+    def counted(self, y: np.ndarray) -> np.ndarray:
+        """Which test samples, by their labels ``y``, the success rate counts (with :meth:`stamp` applied):
+        those not of class ``target`` (a targeted attack counts its source class instead)."""
+        return y != self.target
+
     def poison(self, x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the batch with a random ``fraction`` of it triggered and relabelled."""
         n = len(y)

@@ -19,7 +19,7 @@ Rows may be numpy arrays (the host) or torch tensors (a device, docs/arrays.md):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -219,6 +219,48 @@ class DataAttack:
         """Change a Byzantine client's float32 upload in place before it is multiplied by ``scale``
         (nothing by default). ``lr``: the round's learning rate; for an attack that ``remembers``,
         ``w`` is the global model the client trained from (host float32) and ``memory`` its row."""
+
+    #: whether the attack runs a poisoned client's local steps itself (:meth:`local_steps`) instead of
+    #: the client's loop over poisoned batches (:meth:`poison` is then not called on its batches)
+    owns_steps: ClassVar[bool] = False
+
+    def local_steps(self, run: LocalRun) -> np.ndarray:
+        """A poisoned client's local training of one round, for an attack that ``owns_steps``: its final
+        local weights (host float32, length d), from which the client uploads ``(run.w - w) / run.lr``
+        (then :meth:`release` and ``scale`` as for any data attack)."""
+        raise NotImplementedError(f"attack {self.name} does not run the local steps")
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """What a data attack that runs a poisoned client's local steps (:meth:`DataAttack.local_steps`)
+    gets: that one client's round, every vector a host float32 array.
+
+    Attributes
+    ----------
+    w : ndarray, shape (d,)
+        The global weights the round starts from (read only).
+    batches : iterator of (x, y)
+        The client's clean mini-batches of the round, endless: the first ``steps`` are those it
+        would train on as an honest client, and later ones continue the same draws (further
+        passes over its shard).
+    samples : (ndarray, ndarray)
+        The client's training samples and labels (its whole shard, read only).
+    gradient : callable ``(w, x, y) -> (g, loss)``
+        The mean cross-entropy's gradient on the batch ``(x, y)`` at the weights ``w``, clipped and
+        decayed as an honest client's (``clip_norm``, ``weight_decay``): a fresh array, and the loss.
+    lr : float
+        The round's learning rate, rounded to float32 (an SGD step is ``w - lr * g``).
+    steps : int
+        The run's local steps per client (``local_steps``, or ``local_epochs`` passes).
+    """
+
+    w: np.ndarray
+    batches: Iterator[tuple[np.ndarray, np.ndarray]]
+    samples: tuple[np.ndarray, np.ndarray]
+    gradient: Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, float]]
+    lr: float
+    steps: int
 
 
 def known(honest: Array | None) -> Array:

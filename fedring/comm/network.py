@@ -7,7 +7,9 @@ into the :class:`Ledger`, so communication costs are measured, not computed from
 
 Rows may be host arrays (numpy) or device arrays (torch tensors, docs/arrays.md): a hop between
 clients of one rank is an operation on the rows' own device; a chunk or row that crosses ranks is
-copied into a reused host buffer, sent, and copied from the receiver's host buffer to its device.
+copied into a reused host buffer segment by segment, each segment sent as soon as it is there, and
+copied from the receiver's host buffer to its device segment by segment as it arrives; or, where
+MPI moves device memory itself (:func:`device_mpi`), sent from and received into device memory.
 The ledger counts the same bytes either way.
 
 This module imports no torch.
@@ -44,6 +46,9 @@ MAX_PAUSE = 2e-4
 #: ``FEDRING_SEGMENT_BYTES``; 0: whole), so that a ring's segment is reduced while the next ones
 #: are on the wire, and MPI has a segment to move at every test of a sleeping wait.
 SEGMENT_BYTES = 1 << 20
+#: Whether device arrays go to MPI as they are (environment ``FEDRING_DEVICE_MPI``): ``auto`` (the
+#: default: where mpi4py reports a CUDA-aware MPI), ``on`` or ``off`` (through host buffers).
+DEVICE_MPI = ("auto", "on", "off")
 
 
 def wait_policy(value: str | None = None) -> str:
@@ -62,6 +67,23 @@ def segment_bytes(value: int | None = None) -> int:
     if value < 0:
         raise ConfigError("FEDRING_SEGMENT_BYTES", "must be a number of bytes >= 0 (0: whole chunks)")
     return value
+
+
+def device_mpi(value: str | None = None) -> bool:
+    """Whether MPI sends from and receives into device memory: ``value``, else
+    ``FEDRING_DEVICE_MPI``, else ``auto``, which is on where mpi4py reports a CUDA-aware MPI
+    (``MPI.Query_cuda_support()``, which mpi4py offers only where its MPI library has the query).
+
+    >>> device_mpi("off")
+    False
+    """
+    value = value or os.environ.get("FEDRING_DEVICE_MPI") or DEVICE_MPI[0]
+    if value not in DEVICE_MPI:
+        raise ConfigError("FEDRING_DEVICE_MPI", f"must be one of {', '.join(DEVICE_MPI)}, got {value!r}")
+    if value == "auto":
+        query = getattr(MPI, "Query_cuda_support", None)
+        return bool(query is not None and query())
+    return value == "on"
 
 
 def host_dtype(x) -> np.dtype:
@@ -241,6 +263,73 @@ def add(mine, incoming) -> None:
     mine += incoming
 
 
+def pageable(nbytes: int) -> np.ndarray:
+    """A host buffer of ``nbytes`` bytes in ordinary (pageable) memory: numpy's."""
+    return np.empty(nbytes, np.uint8)
+
+
+class Transfers:
+    """How device arrays cross ranks: a network's reused buffers and its device's hooks, shared with
+    its sub-networks (:meth:`Network.over`), whose messages never overlap its own.
+
+    Parameters
+    ----------
+    host_buffer : callable, optional
+        ``nbytes -> uint8 numpy array``: allocates the host buffers that device chunks are sent from
+        and received into (pinned memory on a GPU, :func:`fedring.train.device.pinned`); default
+        :func:`pageable`. Host arrays never use it.
+    synchronize : callable, optional
+        Waits for the work queued on the device, before MPI reads or writes device memory (on the
+        direct path only: the copies to and from host buffers wait by themselves); default: nothing
+        to wait for.
+    direct : bool, optional
+        Whether MPI moves device memory itself; default :func:`device_mpi`.
+    """
+
+    def __init__(
+        self,
+        host_buffer: Callable[[int], np.ndarray] | None = None,
+        synchronize: Callable[[], None] | None = None,
+        direct: bool | None = None,
+    ):
+        self.host_buffer = pageable if host_buffer is None else host_buffer
+        self.synchronize = synchronize
+        self.direct = device_mpi() if direct is None else direct
+        self._send = self._recv = np.empty(0, np.uint8)
+        self._device: Any = None
+
+    def send_buffer(self, dtype: np.dtype, count: int) -> np.ndarray:
+        """A host buffer of ``count`` elements of ``dtype`` to send from, valid until the next call."""
+        if self._send.nbytes < count * dtype.itemsize:
+            self._send = self.host_buffer(count * dtype.itemsize)
+        return self._send[: count * dtype.itemsize].view(dtype)
+
+    def recv_buffer(self, dtype: np.dtype, count: int) -> np.ndarray:
+        """A host buffer of ``count`` elements of ``dtype`` to receive into, valid until the next call."""
+        if self._recv.nbytes < count * dtype.itemsize:
+            self._recv = self.host_buffer(count * dtype.itemsize)
+        return self._recv[: count * dtype.itemsize].view(dtype)
+
+    def device_buffer(self, like_array, count: int):
+        """A flat device array of ``count`` elements of the dtype of ``like_array``, on its device, to
+        receive into on the direct path; valid until the next call."""
+        kept = self._device
+        if (
+            kept is None
+            or kept.dtype != like_array.dtype
+            or device(kept) != device(like_array)
+            or kept.shape[0] < count
+        ):
+            xp = array_namespace(like_array)
+            kept = self._device = xp.empty((count,), dtype=like_array.dtype, device=device(like_array))
+        return kept[:count]
+
+    def ready(self) -> None:
+        """Before MPI touches device memory: wait for the device's queued work."""
+        if self.synchronize is not None:
+            self.synchronize()
+
+
 #: communicators over subsets of the ranks that a :class:`Network` keeps (:meth:`Network.over`)
 MAX_SUBSETS = 32
 
@@ -263,7 +352,8 @@ def _timed(method):
 
 class Network:
     """Moves rows between logical clients and records them in a :class:`Ledger`: numpy arrays, or
-    device arrays whose chunks cross ranks through host buffers (module docstring).
+    device arrays whose chunks cross ranks through host buffers or, on the direct path, as they are
+    (module docstring; ``transfers``: :class:`Transfers`, shared with the sub-networks of :meth:`over`).
 
     Uses a private duplicate of the layout's communicator, so fedring's messages can never
     match a user's. ``wait`` and ``segment`` set how it waits for messages and how it cuts ring
@@ -281,13 +371,13 @@ class Network:
         wait: str | None = None,
         segment: int | None = None,
         comm: MPI.Comm | None = None,
+        transfers: Transfers | None = None,
     ):
         self.layout = layout
         self.ledger = Ledger(layout.n_clients) if ledger is None else ledger
         self.wait, self.segment = wait_policy(wait), segment_bytes(segment)
+        self.transfers = Transfers() if transfers is None else transfers
         self.comm = layout.comm.Dup() if comm is None else comm  # ``comm``: private already
-        self._scratch = np.empty(0, np.uint8)
-        self._send_scratch = np.empty(0, np.uint8)
         self.timer: float | None = None
         self._subsets: dict[tuple[int, ...], MPI.Comm] = {}
 
@@ -321,7 +411,7 @@ class Network:
             return None
         bounds = np.concatenate([[0], np.cumsum(counts[list(ranks)])])
         sub = Layout(len(clients), comm, bounds)
-        return Network(sub, SubLedger(self.ledger, clients), self.wait, self.segment, comm=comm)
+        return Network(sub, SubLedger(self.ledger, clients), self.wait, self.segment, comm, self.transfers)
 
     def complete(self, requests: list[MPI.Request]) -> None:
         """Wait for ``requests`` under the wait policy."""
@@ -339,18 +429,47 @@ class Network:
         per = max(1, self.segment // itemsize) if self.segment else max(1, size)
         return [slice(s, s + per) for s in range(0, max(size, 1), per)]
 
-    def _isend(self, buf: np.ndarray, dest: int) -> list[MPI.Request]:
+    def _isend(self, buf, dest: int) -> list[MPI.Request]:
+        """Post the sends of ``buf`` (a numpy array, or a device array on the direct path) in segments."""
         flat = buf.reshape(-1)
-        return [self.comm.Isend(flat[c], dest=dest) for c in self._cuts(flat.size, flat.itemsize)]
+        return [self.comm.Isend(flat[c], dest=dest) for c in self._cuts(flat.shape[0], host_dtype(flat).itemsize)]
 
-    def _irecv(self, buf: np.ndarray, source: int) -> list[MPI.Request]:
+    def _irecv(self, buf, source: int) -> list[MPI.Request]:
+        """Post the receives into ``buf`` (a numpy array, or a device array on the direct path) in segments."""
         flat = buf.reshape(-1)
-        return [self.comm.Irecv(flat[c], source=source) for c in self._cuts(flat.size, flat.itemsize)]
+        return [self.comm.Irecv(flat[c], source=source) for c in self._cuts(flat.shape[0], host_dtype(flat).itemsize)]
+
+    def _send(self, x, dests: Iterable[int]) -> list[MPI.Request]:
+        """Post the sends of ``x`` (either kind, C-contiguous) to each rank of ``dests``, in segments.
+
+        A host array's segments go as they are, and so do a device array's on the direct path. Else
+        each segment of a device array is copied into the reused host send buffer and its sends are
+        posted at once, so that the copy of the next segment overlaps its transfer. The buffer stays
+        valid until the next call: complete the requests before then."""
+        dests = list(dests)
+        if dests and device_array(x) and self.transfers.direct:
+            self.transfers.ready()
+        return self._post(x, dests)
+
+    def _post(self, x, dests: list[int]) -> list[MPI.Request]:
+        """:meth:`_send` once the device is ready."""
+        if not (dests and device_array(x) and not self.transfers.direct):
+            x = x if device_array(x) else np.ascontiguousarray(x)
+            return [q for r in dests for q in self._isend(x, r)]
+        flat = x.reshape(-1)
+        count, dtype = flat.shape[0], host_dtype(x)
+        out = self.transfers.send_buffer(dtype, count)
+        requests: list[MPI.Request] = []
+        for c in self._cuts(count, dtype.itemsize):
+            host_into(flat[c], out[c])
+            requests += [self.comm.Isend(out[c], dest=r) for r in dests]
+            MPI.Request.Testall(requests)  # MPI moves this segment while the next one is copied
+        return requests
 
     def _exchange(
         self,
-        outgoing: np.ndarray,
-        incoming: np.ndarray,
+        outgoing,
+        incoming,
         arrived: Callable[[slice], None] | None = None,
         work: Iterable[Callable[[], None]] = (),
     ) -> None:
@@ -358,11 +477,16 @@ class Network:
         segments. While they travel: the pieces of ``work``, each followed by a test of the
         messages (MPI moves bytes only when called); then ``arrived(seg)`` on each received
         segment while later ones are still on the wire. Both sides cut a chunk alike: ranks
-        exchange chunks of the same size."""
+        exchange chunks of the same size.
+
+        ``outgoing`` and ``incoming`` are flat: numpy arrays, a device array to send (:meth:`_send`),
+        or both device arrays on the direct path."""
         lay = self.layout
-        cuts = self._cuts(incoming.size, incoming.itemsize)
+        if self.transfers.direct and (device_array(incoming) or device_array(outgoing)):
+            self.transfers.ready()  # before MPI writes device memory that queued work may still use
+        cuts = self._cuts(math.prod(incoming.shape), host_dtype(incoming).itemsize)
         recvs = [self.comm.Irecv(incoming[c], source=(lay.rank - 1) % lay.size) for c in cuts]
-        sends = self._isend(outgoing, (lay.rank + 1) % lay.size)
+        sends = self._post(outgoing, [(lay.rank + 1) % lay.size])
         for piece in work:
             piece()
             MPI.Request.Testall(recvs + sends)
@@ -428,24 +552,7 @@ class Network:
 
     def _recv_buffer(self, kind, count: int) -> np.ndarray:
         """A host buffer of ``count`` elements of the dtype of the array ``kind`` (either kind), reused."""
-        dtype = host_dtype(kind)
-        nbytes = count * dtype.itemsize
-        if self._scratch.nbytes < nbytes:
-            self._scratch = np.empty(nbytes, np.uint8)
-        return self._scratch[:nbytes].view(dtype)
-
-    def _staged(self, x) -> np.ndarray:
-        """``x`` as a host array to send: itself when it is one (a numpy ``ascontiguousarray``), else its
-        copy in a reused host buffer, valid until the next call."""
-        if not device_array(x):
-            return np.ascontiguousarray(x)
-        dtype = host_dtype(x)
-        size = nbytes(x)
-        if self._send_scratch.nbytes < size:
-            self._send_scratch = np.empty(size, np.uint8)
-        out = self._send_scratch[:size].view(dtype).reshape(tuple(x.shape))
-        host_into(x, out)
-        return out
+        return self.transfers.recv_buffer(host_dtype(kind), count)
 
     @_timed
     def ring_step(
@@ -464,8 +571,9 @@ class Network:
         in place) or, when ``combine`` is None, overwrites its copy.
 
         ``rows`` holds the rows of this rank's clients (numpy, or a device array: then the chunk
-        that leaves the rank is copied into a host buffer, the one that arrives is copied from one
-        to the device before ``combine``), ``bounds`` the chunk offsets. The chunk a client sends is
+        that leaves the rank is copied into a host buffer segment by segment, the one that arrives
+        is copied from one to the device before ``combine``; on the direct path both stay in device
+        memory), ``bounds`` the chunk offsets. The chunk a client sends is
         never the chunk it receives in the same step, so hops can be applied one after the other in
         place, or all at once: with :func:`add` or None and no ``ahead``, the hops within this rank
         are a few strided array operations (:meth:`_local_hops`), for which ``chunk_of`` is called
@@ -492,15 +600,16 @@ class Network:
             c_in = chunk_of((first - 1) % n)
             mine = chunk(0, c_in)
             work = ahead(0, c_in) if ahead else ()
-            if not on_host(rows):  # through host buffers, each segment to the device as it arrives
-                incoming = self._recv_buffer(rows, math.prod(mine.shape))
-                self._exchange(
-                    self._staged(outgoing), incoming, lambda seg: deliver(mine[seg], like(incoming[seg], rows)), work
-                )
+            count = math.prod(mine.shape)
+            if not (on_host(rows) or self.transfers.direct):  # host buffers, each segment to the device on arrival
+                incoming = self._recv_buffer(rows, count)
+                self._exchange(outgoing, incoming, lambda seg: deliver(mine[seg], like(incoming[seg], rows)), work)
             elif combine is None:  # straight into place: the chunk sent is never the one received
                 self._exchange(outgoing, mine, work=work)
             else:
-                incoming = self._recv_buffer(rows, math.prod(mine.shape))
+                incoming = (
+                    self._recv_buffer(rows, count) if on_host(rows) else self.transfers.device_buffer(rows, count)
+                )
                 self._exchange(outgoing, incoming, lambda seg: combine(mine[seg], incoming[seg]), work)
             self.ledger.add(last, phase, nbytes(outgoing))
         if ahead is None and (combine is None or combine is add):
@@ -548,8 +657,9 @@ class Network:
         (rank 0): ``local`` holds this rank's rows of those clients, in client order. Returns
         ``(m, ...)`` on rank 0 in client order, None elsewhere.
 
-        ``local`` may be a device array: the other ranks send host copies, and rank 0 stacks the rows
-        on its device (its own rows themselves when no other rank sends)."""
+        ``local`` may be a device array: the other ranks send it through host buffers (or as it is, on
+        the direct path), and rank 0 stacks the rows on its device (its own rows themselves when no
+        other rank sends), each segment as it arrives."""
         lay = self.layout
         local = np.ascontiguousarray(local) if not device_array(local) else local
         if clients is None:
@@ -563,7 +673,7 @@ class Network:
             self.ledger.add(int(client), phase, row_bytes)
         if lay.rank != 0:
             if len(mine):
-                self.complete(self._isend(self._staged(local), 0))
+                self.complete(self._send(local, [0]))
             return None
         offsets = np.concatenate([[0], np.cumsum(counts)])
         if on_host(local):
@@ -575,16 +685,30 @@ class Network:
             return out
         if offsets[-1] == len(mine):  # nothing to receive: the server's own rows, where they are
             return local
-        # the stacked rows on the device, once; each rank's block through one reused host buffer
+        # the stacked rows on the device, once; each rank's block straight into place on the direct
+        # path, else through the reused host receive buffer, each segment to the device as it arrives
         xp = array_namespace(local)
         stacked = xp.empty((int(offsets[-1]), *local.shape[1:]), dtype=local.dtype, device=device(local))
         stacked[: len(mine), ...] = local
-        block = np.empty((int(counts[1:].max()), *local.shape[1:]), host_dtype(local))
+        flat, row = stacked.reshape(-1), math.prod(local.shape[1:])
         for r in range(1, lay.size):
             if counts[r]:
-                self.complete(self._irecv(block[: counts[r]], r))
-                stacked[offsets[r] : offsets[r + 1], ...] = like(block[: counts[r]], local)
+                self._receive_into(flat[int(offsets[r]) * row : int(offsets[r + 1]) * row], r)
         return stacked
+
+    def _receive_into(self, dst, source: int) -> None:
+        """Receive the flat device array ``dst`` from ``source``, in segments: straight into it on the
+        direct path, else through the reused host receive buffer, each segment copied to the device as
+        it arrives while the next ones travel."""
+        if self.transfers.direct:
+            self.transfers.ready()
+            self.complete(self._irecv(dst, source))
+            return
+        block = self._recv_buffer(dst, dst.shape[0])
+        cuts = self._cuts(block.size, block.itemsize)
+        for cut, request in zip(cuts, [self.comm.Irecv(block[c], source=source) for c in cuts]):
+            self.complete([request])
+            dst[cut] = like(block[cut], dst)
 
     def gather_blocks(self, local, phase: str) -> Iterator[tuple[int, Any]]:
         """Every client sends its row to the server (rank 0), one rank's rows at a time: rank 0
@@ -601,7 +725,7 @@ class Network:
             self.ledger.add(lay.lo + k, phase, row_bytes)
         if lay.rank != 0:
             if len(local):
-                self.complete(self._isend(self._staged(local), 0))
+                self.complete(self._send(local, [0]))
             return
         yield lay.lo, local
         counts = np.diff(lay.bounds)
@@ -618,9 +742,10 @@ class Network:
         Counted as ``n`` messages from the server, one per logical client (or ``receivers``
         messages, one per client of a round's cohort); physically one message per rank carries it.
 
-        ``vec``: anything ``numpy.asarray`` takes, or a device array (its host copy travels). The result is a numpy array, or with
-        ``ref`` an array of the kind and device of ``ref`` (rank 0's ``vec`` itself when it is one
-        already, of ``dtype``).
+        ``vec``: anything ``numpy.asarray`` takes, or a device array (its host copy travels). The result
+        is a numpy array, or with ``ref`` an array of the kind and device of ``ref`` (rank 0's ``vec``
+        itself when it is one already, of ``dtype``). A C-contiguous device ``vec`` of ``dtype`` with a
+        device ``ref`` crosses ranks as the server's gather does (:meth:`_send`, :meth:`_receive_into`).
         """
         lay = self.layout
         problem = None
@@ -629,17 +754,24 @@ class Network:
             if size != np.prod(shape, dtype=np.int64):
                 problem = f"the server's vector has {size} values, the clients expect shape {tuple(shape)}"
         self.agree(problem)
+        messages = self.n_clients if receivers is None else receivers
         if lay.rank == 0:
             kept = ref is not None and device_array(vec) and host_dtype(vec) == np.dtype(dtype)
-            if kept and lay.size == 1:  # nothing to send: it stays on its device
-                self.ledger.add_server(phase, nbytes(vec) * (self.n_clients if receivers is None else receivers))
+            if kept and (lay.size == 1 or contiguous(vec)):  # from its device; with one rank nothing to send
+                self.ledger.add_server(phase, nbytes(vec) * messages)
+                self.complete(self._send(vec, range(1, lay.size)))
                 return array_namespace(vec).reshape(vec, tuple(shape))
             out = np.ascontiguousarray(host(vec) if device_array(vec) else vec, dtype=dtype).reshape(shape)
-            self.ledger.add_server(phase, out.nbytes * (self.n_clients if receivers is None else receivers))
+            self.ledger.add_server(phase, out.nbytes * messages)
             self.complete([q for r in range(1, lay.size) for q in self._isend(out, r)])
             if kept:
                 return array_namespace(vec).reshape(vec, tuple(shape))
             return out if ref is None else like(out, ref)
+        if ref is not None and device_array(ref):
+            xp = array_namespace(ref)
+            received = xp.empty(tuple(shape), dtype=getattr(xp, np.dtype(dtype).name), device=device(ref))
+            self._receive_into(received.reshape(-1), 0)
+            return received
         out = np.empty(shape, dtype)
         self.complete(self._irecv(out, 0))
         return out if ref is None else like(out, ref)

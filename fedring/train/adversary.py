@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from fedring.aggregators.probe import Probe
 from fedring.arrays import array_namespace, device, host, like, on_host
 from fedring.attacks import AttackContext, DataAttack, ModelAttack
 from fedring.comm import Network
@@ -33,9 +34,9 @@ def byzantine_clients(cfg: Config) -> np.ndarray:
     return np.sort(generator(cfg.seed, Stream.BYZANTINE).choice(cfg.n_clients, count, replace=False))
 
 
-#: the defence's rule on all of a cohort's rows, ``(X, reference, cohort) -> (d,)``: what
+#: the defence's rule on all of a cohort's rows, ``(X, reference, cohort, probe) -> (d,)``: what
 #: aggregator-aware attacks optimise against (the topology's ``reference_rule``)
-ReferenceRule = Callable[[np.ndarray, "np.ndarray | None", Cohort], np.ndarray]
+ReferenceRule = Callable[[np.ndarray, "np.ndarray | None", Cohort, "Probe | None"], np.ndarray]
 
 
 class Adversary:
@@ -71,9 +72,12 @@ class Adversary:
             return self.byzantine[:0]
         return self.byzantine[cohort.member[self.byzantine]]
 
-    def attack(self, rows: Vector, t: int, reference: np.ndarray | None, cohort: Cohort) -> Vector:
+    def attack(
+        self, rows: Vector, t: int, reference: np.ndarray | None, cohort: Cohort, probe: Probe | None = None
+    ) -> Vector:
         """Round ``t``: ``rows`` (this rank's clients' uploads) with the rows of the cohort's attackers
-        replaced; the attackers learn only the cohort's honest rows. Returns ``rows`` itself, rewritten
+        replaced; the attackers learn only the cohort's honest rows. An aggregator-aware attack runs the
+        defence's rule with the round's ``reference`` and ``probe``. Returns ``rows`` itself, rewritten
         in place (a rank holds one ``(clients, d)`` buffer of uploads).
 
         Device rows reach an attack that is ``on_device`` as tensors on their device, and any other
@@ -94,21 +98,28 @@ class Adversary:
         byz, honest = self.learn(rows, cohort.member, attack.knowledge == "omniscient", attack.blockwise, on_device)
         if byz is not None:
             rng = generator(self.seed, Stream.ATTACK, step=t)
-            crafted = attack(byz, honest, self.context(rng, t, reference, cohort))
+            crafted = attack(byz, honest, self.context(rng, t, reference, cohort, probe))
             del byz, honest  # before the scatter and the server's own gather
         rows[local] = self.net.scatter_from_server(
             crafted, attackers, "adversary", tuple(rows.shape[1:]), host_dtype(rows), ref=rows
         )
         return rows
 
-    def context(self, rng: np.random.Generator, t: int, reference: np.ndarray | None, cohort: Cohort) -> AttackContext:
+    def context(
+        self,
+        rng: np.random.Generator,
+        t: int,
+        reference: np.ndarray | None,
+        cohort: Cohort,
+        probe: Probe | None = None,
+    ) -> AttackContext:
         return AttackContext(
             rng=rng,
             n=cohort.size,
             f=cohort.f,
             lr=self.lr_at(t),
             round=t,
-            aggregator=lambda X: self.reference_rule(X, reference, cohort),
+            aggregator=lambda X: self.reference_rule(X, reference, cohort, probe),
             aggregator_name=self.aggregator_name,
         )
 

@@ -5,17 +5,20 @@ Client ``i``'s upload of round ``t``: with one local step, its stochastic gradie
 BRACE paper's setting); with more (``local_steps`` > 1, or ``local_epochs``), ``(w - w_local) / lr``
 after that many SGD steps. Each mini-batch gradient is clipped and decayed, and the client's
 momentum turns the result into the vector it uploads (:class:`fedring.train.optim.ClientOptimizer`).
-A Byzantine client under a data attack trains on poisoned batches, and scales its upload.
+A Byzantine client under a data attack trains on poisoned batches, or lets the attack run its
+local steps (:attr:`fedring.attacks.DataAttack.owns_steps`, AlterMin), and scales its upload.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from itertools import chain, count
 
 import numpy as np
 
 from fedring.arrays import host, like
 from fedring.attacks import DataAttack
+from fedring.attacks.base import LocalRun
 from fedring.comm import Layout
 from fedring.config import Config
 from fedring.rng import Stream, generator
@@ -72,7 +75,14 @@ class Clients:
         return self.rows, batch_loss
 
     def steps_of(self, t: int, w: Vector, group: Group, batch_loss: np.ndarray, w_host: np.ndarray | None) -> None:
-        """The local steps of ``group``'s held clients, their uploads into ``rows``."""
+        """The local steps of ``group``'s held clients, their uploads into ``rows``; a poisoned client
+        whose attack runs its steps (:attr:`fedring.attacks.DataAttack.owns_steps`) runs alone."""
+        if self.data_attack is not None and self.data_attack.owns_steps:
+            for c in [c for c in group.held if self.poisoned[c]]:
+                self.attack_steps(t, w, Group(group.first, group.size, [c]), self.data_attack, batch_loss, w_host)
+            group = Group(group.first, group.size, [c for c in group.held if not self.poisoned[c]])
+            if not group.held:
+                return
         lo, held, lr = self.layout.lo, group.held, f32(self.lr_at(t))
         batches = {c: self.batches(t, c) for c in held}
         steps = self.step_count(self.shards[held[0] - lo])
@@ -94,6 +104,40 @@ class Clients:
             u[:] = (w - w_local[s]) / lr if steps > 1 else g[s]
             self.upload(c, u, out, w_host, lr)
             batch_loss[c] = float(first_loss[s])
+
+    def attack_steps(
+        self, t: int, w: Vector, solo: Group, data_attack: DataAttack, batch_loss: np.ndarray, w_host: np.ndarray | None
+    ) -> None:
+        """The local steps of ``solo``'s one poisoned client, run by ``data_attack``
+        (:meth:`fedring.attacks.DataAttack.local_steps`) on host vectors, and its upload
+        ``(w - w_attack) / lr`` into ``rows``. Its gradients come from the group's source, the
+        client's batch in every slot of a batched group (the other slots' results discarded)."""
+        (c,) = solo.held
+        s, out, lr = c - solo.first, self.rows[c - self.layout.lo], f32(self.lr_at(t))
+        shard = self.shards[c - self.layout.lo]
+        attack = data_attack.attacker(int(self.poisoned[:c].sum()))  # its index among the attackers
+        w_local, g = self.source.start(w, solo, 2, out)  # as with several steps: local weights of their own
+        losses: list[float] = []
+
+        def gradient(v: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+            w_local[s] = like(v, w_local)
+            loss = float(self.source.gradients(1, w_local, [(x, y)] * solo.size, g)[s])  # step 1: loads w_local
+            self.optimizer.gradient(g[s], w_local[s])
+            if not losses:  # the client's first batch loss, as an honest client reports it
+                losses.append(loss)
+            return host(g[s]).copy(), loss
+
+        rng = generator(self.seed, Stream.BATCH, client=c, step=t)  # the draws of its honest batches, continued
+        batches = chain.from_iterable(self.local_batches(shard, rng) for _ in count())
+        w0 = host(w).view()
+        w0.flags.writeable = False  # the replica's weights on the host path
+        run = LocalRun(w0, batches, (shard.x, shard.y), gradient, lr, self.step_count(shard))
+        w_attack = attack.local_steps(run)
+        self.source.end(w, solo, 2)
+        u = self.stage.output(out)
+        u[:] = (w - like(w_attack, w)) / lr
+        self.upload(c, u, out, w_host, lr)
+        batch_loss[c] = losses[0] if losses else 0.0
 
     def upload(self, client: int, u: Vector, out: Vector, w_host: np.ndarray | None, lr: float) -> None:
         """``client``'s update direction ``u`` (made by ``stage.output(out)``: ``out`` itself, its row of

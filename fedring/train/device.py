@@ -9,7 +9,8 @@ pseudo-gradient and the momentum, with the clients' optimizer rows (:mod:`fedrin
 kept there as tensors (:class:`Staging`'s device path), and so are the uploads
 (:attr:`fedring.train.clients.Clients.rows`), from the backward pass through the attack and the
 ring or the server rule (docs/arrays.md, "Rows and the ring on the device"); what crosses ranks
-goes through host buffers. The shared weights and the server optimizer's state are tensors on the
+goes through pinned host buffers, or straight from device memory where MPI is CUDA-aware
+(:meth:`Staging.transfers`). The shared weights and the server optimizer's state are tensors on the
 device too (:class:`fedring.train.replica.Replica`): the round's update is applied there and the
 model's parameters are loaded from the device weights, with no host copy. A checkpoint copies the
 rows, the weights and the optimizer's state to host memory and ``--resume`` back
@@ -22,6 +23,7 @@ PyTorch build, not across them (docs/slurm.md, GPUs).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -29,6 +31,7 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
+from fedring.comm.network import Transfers
 from fedring.errors import ConfigError
 
 from .models import flat_grad_into, load_flat
@@ -80,6 +83,13 @@ def describe(comm: MPI.Comm, device: torch.device) -> str:
     return f"fedring: device: rank 0 on {names[0]}; {comm.size} rank{'s' if comm.size > 1 else ''}: {shared}"
 
 
+def pinned(nbytes: int) -> np.ndarray:
+    """A host buffer of ``nbytes`` bytes in page-locked (pinned) memory, which a GPU reads and writes
+    by DMA without a staging copy of the driver's: the numpy view of a pinned uint8 tensor, which the
+    view keeps alive (it is the view's base). Needs a CUDA build of torch."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+
+
 class Staging:
     """The flat float32 vectors of a client's update, and their way between host memory and a
     model's parameters on ``device``.
@@ -100,6 +110,14 @@ class Staging:
         if not self.on_host:
             self.host = torch.empty(d, dtype=torch.float32, pin_memory=device.type == "cuda")
             self.flat = torch.empty(d, dtype=torch.float32, device=device)
+
+    def transfers(self) -> Transfers:
+        """How this rank's device rows cross ranks (:class:`fedring.comm.network.Transfers`): on a GPU
+        through :func:`pinned` host buffers, or from device memory once the GPU's queued work is done
+        where MPI moves it (``FEDRING_DEVICE_MPI``); elsewhere through numpy's buffers."""
+        if self.device.type != "cuda":
+            return Transfers()
+        return Transfers(pinned, functools.partial(torch.cuda.synchronize, self.device))
 
     def tensor(self, array: np.ndarray) -> torch.Tensor:
         """A batch (or any host array) as a tensor on the device."""

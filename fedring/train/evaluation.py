@@ -67,7 +67,7 @@ class Evaluation:
                     stats[0, client] += F.cross_entropy(logits, y, reduction="sum").item()
                     stats[1, client] += (logits.argmax(1) == y).sum().item()
                     if backdoor is not None and self.own is None:
-                        keep = part.y[a : a + EVAL_BATCH] != backdoor.target
+                        keep = backdoor.counted(part.y[a : a + EVAL_BATCH])
                         triggered = self.stage.tensor(backdoor.stamp(part.x[a : a + EVAL_BATCH][keep]))
                         if len(triggered):
                             stats[3, client] += (self.model(triggered).argmax(1) == backdoor.target).sum().item()

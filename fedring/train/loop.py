@@ -56,11 +56,12 @@ def train_round(tr: Trainer, t: int) -> RoundResult:
     rows, batch_loss = tr.clients.updates(t, tr.replica.w_staged, taking)
     rows = tr.privacy.release(rows, t, lay.lo, taking & ~tr.adversary.is_byzantine[lay.lo : lay.hi])  # local DP
     reference = tr.reference()  # the server's clean-data gradient, for the rules that need one
-    rows = tr.adversary.attack(rows, t, reference, cohort)
+    probe = tr.probe(t)  # the round's model, for the rules that inspect it
+    rows = tr.adversary.attack(rows, t, reference, cohort, probe)
     nonfinite = np.zeros(tr.cfg.n_clients, np.uint8)
     nonfinite[lay.lo : lay.hi] = nonfinite_rows(rows) & taking
     with np.errstate(invalid="ignore", over="ignore"):  # non-finite uploads are recorded instead
-        aggregation = tr.topology.aggregate(rows, t, reference, cohort)
+        aggregation = tr.topology.aggregate(rows, t, reference, cohort, probe)
     aggregation = tr.privacy.noised(aggregation, t, cohort.size)  # central DP
     if aggregation.updated:
         tr.replica.apply(aggregation.update, t, cohort.member)

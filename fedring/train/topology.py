@@ -23,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from fedring.aggregators import Aggregator
+from fedring.aggregators.probe import Probe
 from fedring.arrays import host, like, on_host
 from fedring.comm import Network
 from fedring.comm.ring import Aggregation, RingRule
@@ -67,7 +68,7 @@ class RingTopology:
     cohort, :meth:`fedring.comm.ring.RingRule.cohort_params`); ``rule`` is the one for every client.
     """
 
-    needs_reference = False
+    needs_reference = needs_probe = False
 
     def __init__(
         self, net: Network, rule: RingRule, rule_for: Callable[[int], RingRule], byzantine: np.ndarray, d: int
@@ -83,11 +84,15 @@ class RingTopology:
             self.rules[m] = self.rule_for(m)
         return self.rules[m]
 
-    def reference_rule(self, X: Vector, reference: np.ndarray | None, cohort: Cohort) -> Vector:
+    def reference_rule(
+        self, X: Vector, reference: np.ndarray | None, cohort: Cohort, probe: Probe | None = None
+    ) -> Vector:
         rule = self.rule(cohort.size)
         return rule.centralized(X) if runs_on(rule, X) else like(rule.centralized(host(X)), X)
 
-    def aggregate(self, rows: Vector, t: int, reference: np.ndarray | None, cohort: Cohort) -> Aggregation:
+    def aggregate(
+        self, rows: Vector, t: int, reference: np.ndarray | None, cohort: Cohort, probe: Probe | None = None
+    ) -> Aggregation:
         """Round ``t``'s rule over the logical ring of the cohort's ``m`` members, in client order: member
         ``j`` sends to member ``j + 1 (mod m)``, its Byzantine members are the relays, and the rule's
         per-client rows come back as rows over every client (zero for the others). A rank that hosts
@@ -163,23 +168,33 @@ class ServerTopology:
     def __init__(self, net: Network, rule: Aggregator, seed: int, d: int):
         self.net, self.rule, self.seed, self.d = net, rule, seed, d
         self.n = net.layout.n_clients
-        self.needs_reference = rule.needs_reference
+        self.needs_reference, self.needs_probe = rule.needs_reference, rule.needs_probe
         self.state: dict[str, np.ndarray] = rule.init_state(self.n, d) if net.layout.rank == 0 else {}
 
-    def reference_rule(self, X: Vector, reference: np.ndarray | None, cohort: Cohort) -> Vector:
-        rule, rng = self.rule.with_f(cohort.f), fixed_generator(Stream.WHAT_IF)
+    def bound_rule(self, cohort: Cohort, probe: Probe | None) -> Aggregator:
+        """The rule told the cohort's ``f``, bound to the round's ``probe`` when it inspects the model."""
+        rule = self.rule.with_f(cohort.f)
+        return rule.with_probe(probe) if rule.needs_probe and probe is not None else rule
+
+    def reference_rule(
+        self, X: Vector, reference: np.ndarray | None, cohort: Cohort, probe: Probe | None = None
+    ) -> Vector:
+        rule, rng = self.bound_rule(cohort, probe), fixed_generator(Stream.WHAT_IF)
         if runs_on(rule, X):
             return rule.aggregate(X, state=None, reference=reference, rng=rng).vector
         return like(rule.aggregate(host(X), state=None, reference=reference, rng=rng).vector, X)
 
-    def aggregate(self, rows: Vector, t: int, reference: np.ndarray | None, cohort: Cohort) -> Aggregation:
-        """Round ``t``: the cohort's members upload their rows; the rule, told the cohort's ``f``,
-        aggregates them (per-client state of the others stays) and the update goes to the members. A
+    def aggregate(
+        self, rows: Vector, t: int, reference: np.ndarray | None, cohort: Cohort, probe: Probe | None = None
+    ) -> Aggregation:
+        """Round ``t``: the cohort's members upload their rows; the rule, told the cohort's ``f`` (and
+        given the round's ``probe`` of the model when it inspects it, on rank 0), aggregates them
+        (per-client state of the others stays) and the update goes to the members. A
         cohort the rule cannot work with (``check``: empty, or too small for its ``f``) has no update
         and sends nothing. Device rows are stacked on rank 0's device and go to an ``on_device`` rule
         as they are (with the reference there), to another as one host copy; the update is
         broadcast through host memory and returned on the rows' device."""
-        rule, m, lay = self.rule.with_f(cohort.f), cohort.size, self.net.layout
+        rule, m, lay = self.bound_rule(cohort, probe), cohort.size, self.net.layout
         if m == 0 or rule.check(m) is not None:  # every rank knows the cohort: all skip alike
             selected = np.zeros(self.n) if rule.selects and lay.rank == 0 else None
             return Aggregation(np.zeros(self.d, np.float32), selected=selected, updated=False)

@@ -46,6 +46,7 @@ from .evaluation import Evaluation
 from .gradients import ModelGradients
 from .models import flatten, make_model
 from .participation import from_config
+from .probe import ModelProbe, output_layer
 from .replica import Replica
 from .schedules import StepSizes
 from .state import ModelBuffers, checkpoint_rows, rows_from_file
@@ -103,6 +104,7 @@ class Trainer:
         self.device_line = describe(comm, self.device) if cfg.device != "cpu" else ""
         model.to(self.device)
         stage = Staging(self.device, self.d, host_path)
+        self.net.transfers = stage.transfers()
         self.lr_at = StepSizes(cfg.lr, parts.schedule, cfg.rounds)
         self.byzantine = byzantine_clients(cfg)
         self.f = defence_f(cfg)
@@ -131,6 +133,12 @@ class Trainer:
             self.d,
         )
         self.replica = Replica(model, w, stage, parts.server_optimizer, self.lr_at, buffers)
+        self.model_probe: ModelProbe | None = None
+        if self.topology.needs_probe:  # every rank reads the model, so one the rule cannot read stops all alike
+            dataset = DATASETS[cfg.dataset]
+            layer = output_layer(model, dataset.classes, dataset.shape)
+            if comm.rank == 0:
+                self.model_probe = ModelProbe(model, layer, dataset.shape, buffers)
         backdoor = parts.attack if isinstance(parts.attack, Backdoor) else None
         self.evaluation = Evaluation(model, stage, buffers, data, self.layout, backdoor, cfg.validation > 0)
         self.participation = from_config(cfg)
@@ -142,6 +150,13 @@ class Trainer:
         if self.server_data is None:
             return None
         return self.model_gradients.at(self.server_data.x, self.server_data.y, self.d)
+
+    def probe(self, t: int) -> ModelProbe | None:
+        """Round ``t``'s model for the rules that inspect it (DeepSight), on rank 0: the replica's weights
+        and the round's learning rate; None elsewhere and for the rules that need none."""
+        if self.model_probe is None:
+            return None
+        return self.model_probe.at(self.replica.w, self.lr_at(t))
 
     def checkpoint(self) -> dict:
         """Collective: what a resumed run needs besides the round, on rank 0: the replica (model,
