@@ -98,6 +98,14 @@ ATTACK_LABELS = {
     "scaling": "Scaling attack",
     "signflip": "Sign-flip attack",
     "nonfinite": "Non-finite attack",
+    "optimal_alie": "Optimal ALIE attack",
+    "optimal_ipm": "Optimal IPM attack",
+    "dba": "DBA attack",
+    "neurotoxin": "Neurotoxin attack",
+    "edgecase": "EdgeCase attack",
+    "altermin": "AlterMin attack",
+    "clippedclustering_attack": "ClippedClustering attack",
+    "signguard_attack": "SignGuard attack",
 }
 AGGREGATOR_LABELS = {
     "mean": "RAR",
@@ -120,9 +128,28 @@ AGGREGATOR_LABELS = {
     "copod": "COPOD",
     "mca": "MCA",
     "ties": "TIES",
+    "mda": "MDA",
+    "monna": "MoNNA",
+    "meamed": "Meamed",
+    "caf": "CAF",
+    "smea": "SMEA",
+    "dnc": "DnC",
+    "signguard": "SignGuard",
+    "clippedclustering": "ClippedClustering",
+    "flame": "FLAME",
+    "foolsgold": "FoolsGold",
+    "deepsight": "DeepSight",
+    "crfl": "CRFL",
+    "auror": "Auror",
+    "lasa": "LASA",
+    "simpleclustering": "SimpleClustering",
+    "normclipping": "NormClipping",
 }
 #: the pre-aggregators, as in ``NNM+Krum``
-PRE_AGGREGATOR_LABELS = {"bucketing": "Bucketing", "clipping": "Clipping", "nnm": "NNM"}
+PRE_AGGREGATOR_LABELS = {"bucketing": "Bucketing", "clipping": "Clipping", "nnm": "NNM", "arc": "ARC"}
+#: DP-FedAvg's modes, as in ``Mean+DP`` (central DP with a small noise multiplier is the backdoor
+#: literature's "weak DP")
+DP_LABELS = {"central": "DP", "local": "LDP"}
 #: BRACE with ``brace.rule = symmetric`` (+1 / -1 / 0 around lambda; not the paper's eq. (1))
 BRACE_SYMMETRIC = "BRACE-sym"
 #: the column order of the defences: the paper's (BRACE-sym beside BRACE), then the others

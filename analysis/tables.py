@@ -41,6 +41,7 @@ from . import (
     AGGREGATOR_LABELS,
     ATTACK_LABELS,
     BRACE_SYMMETRIC,
+    DP_LABELS,
     METHOD_ORDER,
     PRE_AGGREGATOR_LABELS,
 )
@@ -70,6 +71,9 @@ def method_labels(runs: pd.DataFrame) -> pd.Series:
         pre = runs["pre_aggregators"].map(text)
         named = pre.map(lambda p: "+".join(PRE_AGGREGATOR_LABELS.get(x, x) for x in p.split(",")))
         label = label.where(pre == "", named + "+" + label)
+    if "dp" in runs:
+        dp = runs["dp"].map(text)
+        label = label.where(~dp.isin(list(DP_LABELS)), label + "+" + dp.map(lambda m: DP_LABELS.get(m, "")))
     if "topology" not in runs:
         return label
     both = runs.assign(_l=label).groupby("_l")["topology"].transform("nunique") > 1

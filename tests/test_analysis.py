@@ -371,3 +371,17 @@ def test_real_runs_end_to_end(tmp_path):
     with h5py.File(tmp_path / "median.h5") as f:
         assert csv.loc["no attack", "Median"] == 1 - f["metrics/test_accuracy"][-1]
         assert df[df["run"] == "median"]["bytes_per_client_round"].iloc[0] == f["comm/bytes_sent"][:].mean()
+
+
+def test_method_labels_name_the_papers_rules_pre_aggregators_and_dp():
+    from analysis.tables import method_labels
+
+    runs = pd.DataFrame(
+        {
+            "aggregator": ["mean", "mean", "mean", "flame", "trimmed_mean", "mda", "mean"],
+            "topology": ["server"] * 6 + ["ring"],
+            "pre_aggregators": ["", "", "", "", "arc,nnm", "", ""],
+            "dp": ["none", "central", "local", "none", "none", "none", "none"],
+        }
+    )
+    assert method_labels(runs).tolist() == ["Mean", "Mean+DP", "Mean+LDP", "FLAME", "ARC+NNM+Trim-mean", "MDA", "RAR"]
