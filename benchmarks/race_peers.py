@@ -54,6 +54,28 @@ raw input every client is noise and FLPoison's rule raises (``argmax`` of an emp
 Both sides get the input times ``SIMPLE_SCALE`` = 1e-5 instead (the normal rows, about
 sqrt(2 d) 1e-5 = 0.014 apart at d = 2^20, form one cluster; the scaled-up rows are noise).
 
+DeepSight reads the round's model. Made equal: the model, the bench's probe MLP
+(``fedring.bench.aggregators.probe_for``: 1 x 28 x 28 images, one hidden ReLU layer, 10
+classes, torch's initialisation from ``--seed``) with ``probe_dim(d)`` parameters, so both sides
+get the rows' first that many columns (``d`` rounded down to ``795 h + 10``; the record's
+``dim``); the client models ``w - PROBE_LR x_i``: fedring's probe at ``PROBE_LR``, FLPoison's
+FedSGD ``w + u_i`` with the uploads ``u_i = -PROBE_LR x_i`` (converted outside the timed region);
+the random inputs: ``num_samples`` (the bench's 100 on both sides, not FLPoison's 20,000) per set
+for each of the 3 seeds, fedring's ``default_rng(s)`` draws written into FLPoison's
+``RandDataset`` objects once its constructor has drawn its own (``torch.manual_seed(s); torch.rand``,
+outside the timed region, as fedring's are drawn before its first timed call); the divided
+outputs: FLPoison's own models return logits, which it divides; its model here is the MLP
+followed by a softmax, so both divide probabilities (the paper's DDifs) and reach the same
+clusters. The record's ``peer_relative_difference`` is the largest difference of FLPoison's
+update from ``-PROBE_LR`` times fedring's, relative to its largest entry (float32 rounding when
+both keep the same clients). Not equal: FLPoison runs the inputs in batches of its configs' 64
+(fedring's probe: 500), through n deep copies of the model (fedring loads each client's weights
+into one), recomputes the global model's outputs for every client, sums the DDifs in float32
+(fedring: float64) and clusters with the ``hdbscan`` package (``--path``), ``min_samples=3``;
+fedring with scikit-learn's ``HDBSCAN``, ``min_samples=4`` (the same neighbourhood). Its
+``aggregate`` turns every later RuntimeWarning into an error; each call runs inside
+``warnings.catch_warnings()``, which restores the filters.
+
 ``--append`` keeps the records of an existing ``--json`` file that this run does not replace
 (same rule and client count), so one file can collect several runs.
 """
@@ -61,6 +83,7 @@ sqrt(2 d) 1e-5 = 0.014 apart at d = 2^20, form one cluster; the scaled-up rows a
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import importlib
 import json
@@ -70,12 +93,13 @@ import platform
 import sys
 import time
 import types
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
 
 from fedring.aggregators import make_aggregator
-from fedring.bench.aggregators import ENTRIES, declared_f
+from fedring.bench.aggregators import ENTRIES, PROBE_CLASSES, PROBE_LR, PROBE_SHAPE, declared_f, probe_dim, probe_for
 
 OUT = (10, 100)  # the model's last layer: weights (10, 100), bias (10,)
 
@@ -96,6 +120,7 @@ RACES: dict[str, tuple[str, str, bool]] = {
     "auror": ("auror-ol", "flpoison", True),
     "crfl": ("crfl", "flpoison", False),
     "lasa": ("lasa", "flpoison", False),
+    "deepsight": ("deepsight", "flpoison", False),
     "clippedclustering": ("clippedclustering", "blades", True),
 }
 SUBSET_RULES = {"mda", "smea"}
@@ -103,6 +128,7 @@ SUBSET_RULES = {"mda", "smea"}
 IN_PLACE = {"arc+mean"}
 SIMPLE_SCALE = 1e-5  # SimpleClustering's input scale (see the module docstring)
 SETTLE = 0.05  # seconds before each timed call, for the other side's spinning threads to stop
+FLPOISON_BATCH = 64  # FLPoison's batch_size in every configs/*.yaml: DeepSight's random inputs go through in batches
 
 # one-line fixes applied to FLPoison's source as it is loaded (see the module docstring)
 _INT_IDX = ("[int(idx) for idx in np.argwhere(", "[int(idx[0]) for idx in np.argwhere(")
@@ -142,7 +168,18 @@ def load_flpoison(root: str):
     stub_package("fl", os.path.join(root, "fl"))
     stub_package("fl.models", os.path.join(root, "fl", "models"))
     mods = {}
-    for name in ["dnc", "signguard", "foolsgold", "normclipping", "simpleclustering", "auror", "crfl", "lasa", "flame"]:
+    for name in [
+        "dnc",
+        "signguard",
+        "foolsgold",
+        "normclipping",
+        "simpleclustering",
+        "auror",
+        "crfl",
+        "lasa",
+        "flame",
+        "deepsight",
+    ]:
         try:
             if name in PATCHES:
                 path = os.path.join(root, "aggregators", f"{name}.py")
@@ -189,8 +226,52 @@ def zero_model(d: int):
     return Model()
 
 
-def peer_factory(race: str, peers: dict, n: int, f: int, d: int):
-    """(build, convert): build() -> a callable on the converted input."""
+def flpoison_deepsight(mod, agg, model, n: int, f: int):
+    """(build, convert) of FLPoison's DeepSight on the model and the random inputs of fedring's rule ``agg``
+    (module docstring): its model is ``model`` followed by a softmax, its uploads ``-PROBE_LR * X``."""
+    import torch
+
+    class Probabilities(torch.nn.Module):  # not a Sequential: FLPoison's np.array of the client models would iterate it
+        def __init__(self):
+            super().__init__()
+            self.model = copy.deepcopy(model)
+
+        def forward(self, x):
+            return torch.softmax(self.model(x), dim=-1)
+
+    probabilities = Probabilities().eval()
+    channels, height, _ = PROBE_SHAPE
+    args = SimpleNamespace(
+        defense_params={"num_samples": agg.num_samples},
+        algorithm="FedSGD",
+        num_clients=n,
+        num_adv=f,
+        num_classes=PROBE_CLASSES,
+        num_channels=channels,
+        num_dims=height,
+        batch_size=FLPOISON_BATCH,
+        num_workers=0,
+        device="cpu",
+    )
+    inputs = agg.random_inputs(PROBE_SHAPE)  # drawn here, outside the timed calls, as FLPoison's constructor draws
+
+    def build():
+        peer = mod.DeepSight(args)
+        for dataset, x in zip(peer.rand_datasets, inputs, strict=True):
+            dataset.dataset = torch.from_numpy(x)
+
+        def call(U):
+            with warnings.catch_warnings():  # its aggregate turns every later RuntimeWarning into an error
+                return peer.aggregate(U, last_global_model=probabilities)
+
+        return call
+
+    return build, (lambda X: np.float32(-PROBE_LR) * X)
+
+
+def peer_factory(race: str, peers: dict, n: int, f: int, d: int, agg=None, model=None):
+    """(build, convert): build() -> a callable on the converted input. DeepSight's peer reads fedring's rule
+    ``agg`` and its probe ``model``."""
     import torch
 
     if race in ("mda", "monna", "meamed", "caf", "smea", "arc+mean"):
@@ -209,6 +290,8 @@ def peer_factory(race: str, peers: dict, n: int, f: int, d: int):
     if race not in mods:
         raise KeyError(f"FLPoison's {race} was not loaded (see above)")
     mod = mods[race]
+    if race == "deepsight":
+        return flpoison_deepsight(mod, agg, model, n, f)
     cls = {
         "dnc": "DnC",
         "signguard": "SignGuard",
@@ -240,7 +323,18 @@ def race_one(race: str, peers: dict, X: np.ndarray, ref: np.ndarray, f: int, rep
         X = X * np.float32(SIMPLE_SCALE)
     if race == "lasa":  # the model's layers, as FLPoison's LASA reads them
         params = {**params, "layers": [list(s) for s in layer_shapes(d)]}
-    build, convert = peer_factory(race, peers, n, f, d)
+    model = probe = None
+    if race == "deepsight":  # the bench's probe MLP, on the rows' first probe_dim(d) columns
+        d = probe_dim(d)
+        X, ref = np.ascontiguousarray(X[:, :d]), ref[:d].copy()
+        model, probe = probe_for(d, seed)
+
+    def make():
+        agg = make_aggregator(rule, f, params, pre)
+        return agg if probe is None else agg.with_probe(probe)
+
+    agg = make()
+    build, convert = peer_factory(race, peers, n, f, d, agg, model)
     Xp = convert(X)
 
     def fed_round(agg, state, r):
@@ -248,7 +342,7 @@ def race_one(race: str, peers: dict, X: np.ndarray, ref: np.ndarray, f: int, rep
 
     ours: list[float] = []
     theirs: list[float] = []
-    agg = make_aggregator(rule, f, params, pre)
+    out: list = [None, None]  # the last result of each side
     reason = agg.check(n)
     if reason is not None:
         raise ValueError(reason)
@@ -256,7 +350,7 @@ def race_one(race: str, peers: dict, X: np.ndarray, ref: np.ndarray, f: int, rep
     peer = build()
     for r in range(repeats):
         if stateful:
-            agg, peer = make_aggregator(rule, f, params, pre), build()
+            agg, peer = make(), build()
             state = agg.init_state(n, d)
             for w in range(warmup):
                 fed_round(agg, state, 1000 + w)
@@ -268,11 +362,16 @@ def race_one(race: str, peers: dict, X: np.ndarray, ref: np.ndarray, f: int, rep
             time.sleep(SETTLE)
             t0 = time.perf_counter()
             if side == 0:
-                fed_round(agg, state, r)
+                out[0] = fed_round(agg, state, r).vector
             else:
-                peer(Xp)
+                out[1] = peer(Xp)
             (ours if side == 0 else theirs).append(time.perf_counter() - t0)
-    return ours, theirs, key
+    record = {"entry": key, "dim": d}
+    if race == "deepsight":  # the same model and inputs: the same clusters, so the peer's update is -lr times ours
+        record["peer_relative_difference"] = float(
+            np.abs(np.float32(-PROBE_LR) * out[0] - out[1]).max() / np.abs(out[1]).max()
+        )
+    return ours, theirs, record
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -319,17 +418,17 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             f = min(declared_f(n), args.subset_f) if race in SUBSET_RULES else declared_f(n)
             try:
-                ours, theirs, key = race_one(race, peers, X, ref, f, args.repeats, args.warmup, args.seed)
+                ours, theirs, extra = race_one(race, peers, X, ref, f, args.repeats, args.warmup, args.seed)
             except Exception as e:  # a peer that fails on this input: skip it, say why
                 print(f"skip {race} at n={n}: {type(e).__name__}: {e}", flush=True)
                 skipped.append(f"{race} n={n}: {type(e).__name__}: {e}")
                 continue
             rec = {
                 "rule": race,
-                "entry": key,
+                "entry": extra["entry"],
                 "peer": peer,
                 "clients": n,
-                "dim": args.dim,
+                "dim": extra["dim"],
                 "f": f,
                 "fedring_seconds": float(np.median(ours)),
                 "peer_seconds": float(np.median(theirs)),
@@ -337,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                 "peer_times": theirs,
             }
             rec["speedup"] = rec["peer_seconds"] / rec["fedring_seconds"]
+            rec.update(extra)
             records.append(rec)
             print(
                 f"{race:<18} n={n:<3} f={f:<2} fedring {rec['fedring_seconds']:8.4f} s  {peer} "

@@ -10,7 +10,10 @@ for the same client count where it has one, and the peak extra memory of one cal
 tracked by ``tracemalloc`` (numpy reports its allocations to it), as a multiple of the
 (n, d) input. Stateful rules run with a filled state (FL-Detector: a full history window,
 so the L-BFGS prediction and the gap statistic run); the state's own size is reported
-separately.
+separately. A rule that reads the round's model (DeepSight) gets the probe of a one-hidden-layer
+MLP on 1 x 28 x 28 images holding ``probe_dim(d)`` parameters (:func:`probe_for`): ``d`` rounded
+down to ``795 h + 10`` for h hidden units, and the rule is timed on the rows' first that many
+columns (its record's ``dim``).
 
 Targets (issue 4): for the paper's client counts, at least 10x faster than the paper for
 every rule it timed above 10 s, at least 2x for the others, and never more than 3 input
@@ -115,6 +118,10 @@ ENTRIES: dict[str, tuple[str, dict, tuple, str | None]] = {
     "auror-ol": ("auror", {"output": 1010}, (), None),  # a 10 x 100 output layer and its bias, as the race's model
     "crfl": ("crfl", {}, (), None),
     "lasa": ("lasa", {}, (), None),
+    # its defaults but num_samples (the rule's 2000, FLPoison's 20000): the call runs 3 x num_samples inputs through
+    # each client's model of d parameters, 4.3e12 multiply-adds at 2000, n = 64 and the default --dim; the model
+    # is probe_for's, on the rows' first probe_dim(d) columns
+    "deepsight": ("deepsight", {"num_samples": 100}, (), None),
     # Blades' rule
     "clippedclustering": ("clippedclustering", {}, (), None),
 }
@@ -188,6 +195,57 @@ def byzfl_pipeline(module: types.ModuleType, name: str, f: int, n: int) -> tuple
 def declared_f(n: int) -> int:
     """The largest f every rule accepts (Bulyan's n >= 4f + 3)."""
     return max(0, (n - 3) // 4)
+
+
+#: DeepSight's probe model: an MLP on 1 x 28 x 28 images (Fashion-MNIST's), one hidden ReLU layer, 10 classes
+PROBE_SHAPE = (1, 28, 28)
+PROBE_CLASSES = 10
+#: the parameters of one hidden unit: its 784 weights and bias, and its 10 weights in the output layer
+PROBE_UNIT = math.prod(PROBE_SHAPE) + 1 + PROBE_CLASSES
+#: the probe's learning rate (client i's model is w - lr x_i): the rows' standard normal entries then move the
+#: weights (torch's default, uniform within 1 / sqrt(784) = 0.036 in the hidden layer) by 0.01 in standard
+#: deviation, the scaled-up rows by 0.1
+PROBE_LR = 0.01
+
+
+def probe_dim(d: int) -> int:
+    """The parameters of the widest probe MLP (:data:`PROBE_SHAPE`) that fit in ``d``; 0 if none does.
+
+    ``h`` hidden units hold ``795 h`` parameters (:data:`PROBE_UNIT`) and the output layer's 10 biases
+    come on top, so ``d`` is rounded down to ``795 h + 10``:
+
+    >>> probe_dim(65536), probe_dim(11_200_000), probe_dim(804)
+    (65200, 11199970, 0)
+    """
+    hidden = (d - PROBE_CLASSES) // PROBE_UNIT
+    return hidden * PROBE_UNIT + PROBE_CLASSES if hidden >= 1 else 0
+
+
+def probe_for(d: int, seed: int) -> tuple[Any, Any]:
+    """The probe MLP of ``probe_dim(d)`` parameters, initialised as torch does from ``seed`` (torch's global
+    generator is left as it was), and its :class:`fedring.train.probe.ModelProbe` bound to those weights and
+    :data:`PROBE_LR`."""
+    import torch
+    from mpi4py import MPI
+
+    from fedring.comm import Layout
+    from fedring.train.probe import ModelProbe, output_layer
+    from fedring.train.state import ModelBuffers
+
+    fan_in = math.prod(PROBE_SHAPE)
+    hidden = (probe_dim(d) - PROBE_CLASSES) // PROBE_UNIT
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(
+            torch.nn.Flatten(),
+            torch.nn.Linear(fan_in, hidden),
+            torch.nn.ReLU(),
+            torch.nn.Linear(hidden, PROBE_CLASSES),
+        )
+    w = torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy()
+    buffers = ModelBuffers(model, "aggregate", Layout(1, MPI.COMM_SELF))
+    probe = ModelProbe(model, output_layer(model, PROBE_CLASSES, PROBE_SHAPE), PROBE_SHAPE, buffers)
+    return model, probe.at(w, PROBE_LR)
 
 
 def prepared_state(agg, n: int, d: int, rng: np.random.Generator) -> dict:
@@ -333,7 +391,6 @@ def main(argv: list[str]) -> int:
         X = rng.standard_normal((n, args.dim), dtype=np.float32)
         X[: max(1, n // 8)] *= 10.0  # a few large rows, so clipping and outlier rules have work to do
         ref = rng.standard_normal(args.dim, dtype=np.float32)
-        input_bytes = X.nbytes
         f = declared_f(n)
         on_dev = None if dev is None else (dev.put(X), dev.put(ref))
         yardstick = None
@@ -344,12 +401,27 @@ def main(argv: list[str]) -> int:
             if reason is not None:
                 print(f"skip {name} at n={n}: {reason}", flush=True)
                 continue
-            state = prepared_state(agg, n, args.dim, rng)
-            if dev is None or on_dev is None:
-                m = measure(agg, X, ref, state, args.repeats, args.seed)
+            rows, rows_ref, rows_dev = X, ref, on_dev
+            if agg.needs_probe:  # it reads the round's model, of probe_dim(d) parameters
+                d = probe_dim(args.dim)
+                if d == 0:
+                    print(
+                        f"skip {name} at n={n}: its probe model needs --dim >= {PROBE_UNIT + PROBE_CLASSES}", flush=True
+                    )
+                    continue
+                if d < args.dim:
+                    print(
+                        f"{name}: the rows' first {d} of {args.dim} columns, its probe model's parameters", flush=True
+                    )
+                    rows, rows_ref = np.ascontiguousarray(X[:, :d]), ref[:d].copy()
+                    rows_dev = None if dev is None else (dev.put(rows), dev.put(rows_ref))
+                agg = agg.with_probe(probe_for(d, args.seed)[1])
+            state = prepared_state(agg, n, rows.shape[1], rng)
+            if dev is None or rows_dev is None:
+                m = measure(agg, rows, rows_ref, state, args.repeats, args.seed)
             else:
                 try:
-                    m = dev.measure(agg, *on_dev, state, args.repeats, args.seed)
+                    m = dev.measure(agg, *rows_dev, state, args.repeats, args.seed)
                 except dev.out_of_memory as e:
                     print(f"skip {name} at n={n}: out of memory on {dev.device}: {str(e).splitlines()[0]}", flush=True)
                     dev.release()
@@ -361,7 +433,7 @@ def main(argv: list[str]) -> int:
                 "rule": name,
                 "paper_row": paper_row,
                 "clients": n,
-                "dim": args.dim,
+                "dim": rows.shape[1],
                 "f": f,
                 "seconds": m["seconds"],
                 "times": m["times"],
@@ -370,19 +442,19 @@ def main(argv: list[str]) -> int:
                 "speedup": speedup,
                 "target_speedup": need,
                 "peak_extra_bytes": m["peak_bytes"],
-                "peak_extra_copies": None if m["peak_bytes"] is None else m["peak_bytes"] / input_bytes,
-                "state_copies": sum(v.nbytes for v in state.values()) / input_bytes,
+                "peak_extra_copies": None if m["peak_bytes"] is None else m["peak_bytes"] / rows.nbytes,
+                "state_copies": sum(v.nbytes for v in state.values()) / rows.nbytes,
             }
             if dev is None:
                 rec["meets_target"] = (need is None or speedup is None or speedup >= need) and rec[
                     "peak_extra_copies"
                 ] <= 3.0
             else:
-                rec.update(on_device_record(dev, agg, m, input_bytes))
+                rec.update(on_device_record(dev, agg, m, rows.nbytes))
                 if args.device == "cpu":  # the numpy figure beside the tensor's
-                    rec["numpy_seconds"] = measure(agg, X, ref, state, args.repeats, args.seed)["seconds"]
-                if byzfl is not None and on_dev is not None and name in BYZFL:
-                    rec.update(byzfl_record(byzfl, dev, name, f, n, on_dev[0], X, m["seconds"], args.repeats))
+                    rec["numpy_seconds"] = measure(agg, rows, rows_ref, state, args.repeats, args.seed)["seconds"]
+                if byzfl is not None and rows_dev is not None and name in BYZFL:
+                    rec.update(byzfl_record(byzfl, dev, name, f, n, rows_dev[0], rows, m["seconds"], args.repeats))
             if name == "mean":
                 yardstick = m["seconds"]
             rec["x_mean"] = m["seconds"] / yardstick if yardstick else None
@@ -390,7 +462,7 @@ def main(argv: list[str]) -> int:
             print(row(rec) if dev is None else device_row(rec), flush=True)
             if args.json and dev is not None:  # a long device run keeps what it measured if it is stopped
                 write_json(args.json, records, args.seed, dev, byzfl)
-        del X, on_dev
+        del X, on_dev, rows, rows_ref, rows_dev
         gc.collect()
 
     print()
