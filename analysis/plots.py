@@ -348,6 +348,8 @@ def heatmap_panels(
             values = values.reindex(
                 index=defence_order(final, by), columns=_order(final["attack"].unique(), ATTACK_LABELS)
             )
+            # an attack that does not measure the metric (no success rate without a backdoor) has no column
+            values = values.dropna(axis=1, how="all")
         title = "defence x attack" + (f", Byzantine {share_label(share)}" if share is not None else "")
         panels[title] = values
         worst[share_label(share) if share is not None else ""] = values.min(axis=1)

@@ -385,3 +385,11 @@ def test_method_labels_name_the_papers_rules_pre_aggregators_and_dp():
         }
     )
     assert method_labels(runs).tolist() == ["Mean", "Mean+DP", "Mean+LDP", "FLAME", "ARC+NNM+Trim-mean", "MDA", "RAR"]
+
+
+def test_heatmap_of_a_metric_only_some_attacks_measure_drops_the_others(runs):
+    from analysis.plots import heatmap_panels
+
+    (panel,) = heatmap_panels(load_runs([runs])[0], metric="attack_success_rate").values()
+    assert list(panel.columns) == ["Backdoor attack"]  # no success rate without a backdoor: no empty column
+    assert panel["Backdoor attack"].tolist() == [0.25, 0.25, 0.25]
