@@ -20,6 +20,8 @@ from fedring.train.device import Staging, pinned
 #: (an allocator that records its calls) and on tensor rows straight to MPI (the environment's
 #: setting; an allocator that refuses, a synchronize that counts), compared by bytes and ledger.
 SCRIPT = """
+import sys
+
 import numpy as np
 import torch
 from mpi4py import MPI
@@ -103,7 +105,9 @@ for n in [world.size, 5, 8]:
                     assert h == s == t, (h, s, t)
             checked += 1
 assert allocated and synced[0] > 0, (allocated, synced)
-print("RANK", world.rank, "CHECKED", checked, "ALLOCATED", len(allocated), "SYNCED", synced[0])
+# a file per rank: two ranks' lines on a shared stdout may interleave
+with open(f"{sys.argv[1]}/rank{world.rank}.txt", "w") as report:
+    print("RANK", world.rank, "CHECKED", checked, "ALLOCATED", len(allocated), "SYNCED", synced[0], file=report)
 """
 
 
@@ -118,8 +122,8 @@ def test_device_rows_cross_ranks_with_the_numpy_bits_and_ledger(tmp_path, monkey
     monkeypatch.setenv("FEDRING_DEVICE_MPI", "on")
     script = tmp_path / "device_mpi.py"
     script.write_text(SCRIPT)
-    out = run_mpi(ranks, [str(script)]).stdout
-    lines = sorted(line.split() for line in out.splitlines() if line.startswith("RANK"))
+    run_mpi(ranks, [str(script), str(tmp_path)])
+    lines = sorted(p.read_text().split() for p in tmp_path.glob("rank*.txt"))
     assert [line[1] for line in lines] == [str(r) for r in range(ranks)]
     assert {line[3] for line in lines} == {"18"}  # 3 client counts x 3 row sizes x 2 dtypes
     assert all(int(line[5]) > 0 and int(line[7]) > 0 for line in lines)
