@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
+import numpy as np  # noqa: F401 (the doctests)
 
 from fedring.errors import ConfigError
 from fedring.validate import choice, integer, real
 
-from ._kernels import empty_row, for_sorted_columns, mean, nonfinite_rows, sqnorm
-from .base import AggregateResult, Aggregator, register
+from ._kernels import empty_row, for_sorted_columns
+from .base import AggregateResult, Aggregator, checked_mean, register
 
 
 @register
@@ -27,13 +27,8 @@ class Mean(Aggregator):
     on_device = True
 
     def _aggregate_checked(self, X, state, reference, rng):
-        # one pass: a column's mean is finite only if the column is, so a finite mean has finite rows
-        out = mean(X)
-        if not np.isfinite(sqnorm(out)):  # a non-finite row, or finite rows whose sum overflowed
-            excluded = nonfinite_rows(X)
-            if excluded.any():
-                return excluded
-        return AggregateResult(out)
+        out, _, excluded = checked_mean(X)  # one pass when every row is finite
+        return AggregateResult(out) if excluded is None else excluded
 
 
 @register

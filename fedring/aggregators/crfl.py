@@ -6,8 +6,8 @@ import numpy as np
 
 from fedring.validate import real
 
-from ._kernels import background, mean, nonfinite_rows, small, sqnorm
-from .base import AggregateResult, Aggregator, register
+from ._kernels import background, mean, small, sqnorm
+from .base import AggregateResult, Aggregator, checked_mean, register
 
 
 @register
@@ -60,15 +60,12 @@ class CRFL(Aggregator):
         # and rng is rewound when a non-finite row means that this call must not draw.
         start = rng.bit_generator.state
         draws = background(rng.standard_normal, X.shape[1]) if self.noise > 0 else None
-        avg = mean(X)
-        sq = sqnorm(avg)  # a column sum is finite only if its column is: a finite mean, finite rows
-        if not np.isfinite(sq):  # a non-finite row, or finite rows whose sum overflowed
-            excluded = nonfinite_rows(X)
-            if excluded.any():
-                if draws is not None:
-                    draws.result()
-                    rng.bit_generator.state = start
-                return excluded
+        avg, sq, excluded = checked_mean(X)
+        if excluded is not None:
+            if draws is not None:
+                draws.result()
+                rng.bit_generator.state = start
+            return excluded
         out = self._clip(avg, sq, X)
         if draws is not None:
             noise = draws.result()  # the host's draws

@@ -298,16 +298,18 @@ class Transfers:
         self._send = self._recv = np.empty(0, np.uint8)
         self._device: Any = None
 
+    def _grown(self, kept: np.ndarray, nbytes: int) -> np.ndarray:
+        """``kept``, or a new host buffer when it holds fewer than ``nbytes`` bytes."""
+        return kept if kept.nbytes >= nbytes else self.host_buffer(nbytes)
+
     def send_buffer(self, dtype: np.dtype, count: int) -> np.ndarray:
         """A host buffer of ``count`` elements of ``dtype`` to send from, valid until the next call."""
-        if self._send.nbytes < count * dtype.itemsize:
-            self._send = self.host_buffer(count * dtype.itemsize)
+        self._send = self._grown(self._send, count * dtype.itemsize)
         return self._send[: count * dtype.itemsize].view(dtype)
 
     def recv_buffer(self, dtype: np.dtype, count: int) -> np.ndarray:
         """A host buffer of ``count`` elements of ``dtype`` to receive into, valid until the next call."""
-        if self._recv.nbytes < count * dtype.itemsize:
-            self._recv = self.host_buffer(count * dtype.itemsize)
+        self._recv = self._grown(self._recv, count * dtype.itemsize)
         return self._recv[: count * dtype.itemsize].view(dtype)
 
     def device_buffer(self, like_array, count: int):
