@@ -520,6 +520,17 @@ def fedring_many(
     return codes, subprocess.CompletedProcess(["fedring_many", *argvs], 0, stdout, stderr)
 
 
+def same_on_one_and_two_ranks(argv: list[str], workdir: Path) -> dict:
+    """Run the fedring command line ``argv`` (without ``--out``) on one rank and on two; assert both
+    succeed and write the same datasets (:func:`file_datasets`); return those of the one-rank file."""
+    outs = {ranks: workdir / f"r{ranks}.h5" for ranks in (1, 2)}
+    for ranks, out in outs.items():
+        assert fedring_many(ranks, {"r": [*argv, "--out", str(out)]}, workdir)[0] == {"r": 0}
+    one, two = file_datasets(outs[1]), file_datasets(outs[2])
+    assert one.keys() == two.keys() and all(one[k].tobytes() == two[k].tobytes() for k in one)
+    return one
+
+
 def many_printed(workdir: Path, rank: int = 0) -> dict[str, str]:
     """What each run of the last :func:`fedring_many` job in ``workdir`` printed on ``rank`` (stdout), by name."""
     return json.loads((workdir / f"printed.{rank}.json").read_text())

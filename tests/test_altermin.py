@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import fedring_many, file_datasets
+from conftest import same_on_one_and_two_ranks
 from mpi4py import MPI
 from torch import nn
 
@@ -292,11 +292,7 @@ RUN = [
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_a_run_records_the_success_rate_alike_on_one_and_two_ranks(tmp_path):
-    codes1 = fedring_many(1, {"r1": [*RUN, "--out", str(tmp_path / "r1.h5")]}, tmp_path)[0]
-    codes2 = fedring_many(2, {"r2": [*RUN, "--out", str(tmp_path / "r2.h5")]}, tmp_path)[0]
-    assert codes1 == {"r1": 0} and codes2 == {"r2": 0}
-    one, two = file_datasets(tmp_path / "r1.h5"), file_datasets(tmp_path / "r2.h5")
-    assert one.keys() == two.keys() and all(one[k].tobytes() == two[k].tobytes() for k in one)
+    one = same_on_one_and_two_ranks(RUN, tmp_path)
     asr = one["metrics/attack_success_rate"]
     assert asr.shape == (3,)
 

@@ -43,7 +43,8 @@ def snapshot(path):
         }
 
 
-#: stateful rules: server rules with a previous aggregate or FL-Detector's history, BRACE's relays and rows
+#: stateful rules: server rules with a previous aggregate or FL-Detector's history, BRACE's relays and rows;
+#: and 3DFed, whose attacker reads last round's indicators
 RULES = {
     "cclip": ["--topology", "server", "--aggregator", "cclip"],
     "fldetector": ["--topology", "server", "--aggregator", "fldetector"],
@@ -56,6 +57,20 @@ RULES = {
         "brace.relay_attack=flip",
         "--set",
         "brace.check=on",
+    ],
+    "threedfed": [
+        "--topology",
+        "server",
+        "--aggregator",
+        "mean",
+        "--byzantine",
+        "2",
+        "--attack",
+        "threedfed",
+        "--set",
+        "attack.num_neurons=3",
+        "--set",
+        "attack.poison_epochs=2",
     ],
 }
 
@@ -107,8 +122,8 @@ def test_resume_after_crash_is_bit_exact(resumed, reference, crash_round):
 
 @pytest.mark.parametrize("rule", list(RULES))
 def test_resume_keeps_the_aggregator_state(resumed, references, rule):
-    """Stateful server rules (previous aggregate, FL-Detector's history) and BRACE's per-round
-    relay draws and rows resume exactly."""
+    """Stateful server rules (previous aggregate, FL-Detector's history), BRACE's per-round relay
+    draws and rows, and 3DFed's feedback state resume exactly."""
     root, status = resumed
     assert status[rule] == "failed"
     assert snapshot(root / f"{rule}.h5") == snapshot(references / f"{rule}.h5")

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from fedring.aggregators.probe import OutputLayer
 from fedring.arrays import Array, array_namespace, device, host, like, on_host
 from fedring.errors import ConfigError
 from fedring.registry import Registry
@@ -55,6 +56,9 @@ class AttackContext:
         the kind the attack was given (a tensor on a device) and returns a vector of that kind.
     aggregator_name : str
         Its name, for messages.
+    model : ModelAccess or None
+        For an attack that trains models itself (``needs_model``): the attacker's copy of the
+        model and its data, on rank 0; None for the others.
     """
 
     rng: np.random.Generator
@@ -64,6 +68,50 @@ class AttackContext:
     round: int
     aggregator: Callable[[Array], Array] | None
     aggregator_name: str = ""
+    model: ModelAccess | None = None
+
+
+@dataclass
+class ModelAccess:
+    r"""What an attack that trains models itself (a :class:`ModelAttack` with ``needs_model``) gets on
+    rank 0 each round: its own copy of the run's model, the first Byzantine client's shard, and the
+    places of the layers it reads in the flat weights (``fedring.train.attacker`` builds it; nothing
+    here imports torch). Every vector is a host float32 array.
+
+    Attributes
+    ----------
+    w : ndarray, shape (d,)
+        The round's global weights (read only).
+    lr : float
+        The round's learning rate, rounded to float32.
+    steps : int
+        The run's local steps per client.
+    batches : iterator of (x, y)
+        The attacker's clean mini-batches of the round, endless (further passes over its shard).
+    shard_batches : callable ``() -> iterator of (x, y)``
+        One pass over the whole shard in mini-batches, in order.
+    gradient : callable ``(w, x, y) -> (g, loss)``
+        The mean cross-entropy's gradient on ``(x, y)`` at ``w`` (no clipping or weight decay): a
+        fresh array, and the loss.
+    curvature : callable ``(w, x, y) -> h``
+        :math:`h_j = \partial_{w_j} \sum_{i \in I} \partial_{w_i} L` for the positions ``j`` of
+        ``indicator_layer`` (``I`` the same positions): a float64 array of that layer's size.
+    indicator_layer, decoy_layer : slice
+        The last convolution's weight (else the first weight matrix), and the weight matrix before
+        the output layer (else the output layer's weight).
+    output_layer : fedring.aggregators.probe.OutputLayer
+    """
+
+    w: np.ndarray
+    lr: float
+    steps: int
+    batches: Iterator[tuple[np.ndarray, np.ndarray]]
+    shard_batches: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]
+    gradient: Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, float]]
+    curvature: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    indicator_layer: slice
+    decoy_layer: slice
+    output_layer: OutputLayer
 
 
 @ATTACKS.base
@@ -93,6 +141,8 @@ class ModelAttack:
     name: ClassVar[str]
     knowledge: str = "own"
     blockwise: ClassVar[bool] = False
+    #: whether :meth:`craft` trains models itself: it then gets ``ctx.model`` (:class:`ModelAccess`)
+    needs_model: ClassVar[bool] = False
     #: whether :meth:`craft` computes on torch tensors through their namespace (docs/arrays.md); an
     #: attack without it gets a host copy of tensor rows and its rows go back to their device
     on_device: ClassVar[bool] = False

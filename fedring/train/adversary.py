@@ -17,6 +17,7 @@ import numpy as np
 from fedring.aggregators.probe import Probe
 from fedring.arrays import array_namespace, device, host, like, on_host
 from fedring.attacks import AttackContext, DataAttack, ModelAttack
+from fedring.attacks.base import ModelAccess
 from fedring.comm import Network
 from fedring.comm.network import host_dtype
 from fedring.config import Config, byzantine_count
@@ -73,12 +74,19 @@ class Adversary:
         return self.byzantine[cohort.member[self.byzantine]]
 
     def attack(
-        self, rows: Vector, t: int, reference: np.ndarray | None, cohort: Cohort, probe: Probe | None = None
+        self,
+        rows: Vector,
+        t: int,
+        reference: np.ndarray | None,
+        cohort: Cohort,
+        probe: Probe | None = None,
+        model: ModelAccess | None = None,
     ) -> Vector:
         """Round ``t``: ``rows`` (this rank's clients' uploads) with the rows of the cohort's attackers
         replaced; the attackers learn only the cohort's honest rows. An aggregator-aware attack runs the
-        defence's rule with the round's ``reference`` and ``probe``. Returns ``rows`` itself, rewritten
-        in place (a rank holds one ``(clients, d)`` buffer of uploads).
+        defence's rule with the round's ``reference`` and ``probe``; an attack that trains models gets
+        rank 0's ``model``. Returns ``rows`` itself, rewritten in place (a rank holds one
+        ``(clients, d)`` buffer of uploads).
 
         Device rows reach an attack that is ``on_device`` as tensors on their device, and any other
         attack as host copies; the crafted rows come back to the rows' device."""
@@ -98,7 +106,7 @@ class Adversary:
         byz, honest = self.learn(rows, cohort.member, attack.knowledge == "omniscient", attack.blockwise, on_device)
         if byz is not None:
             rng = generator(self.seed, Stream.ATTACK, step=t)
-            crafted = attack(byz, honest, self.context(rng, t, reference, cohort, probe))
+            crafted = attack(byz, honest, self.context(rng, t, reference, cohort, probe, model))
             del byz, honest  # before the scatter and the server's own gather
         rows[local] = self.net.scatter_from_server(
             crafted, attackers, "adversary", tuple(rows.shape[1:]), host_dtype(rows), ref=rows
@@ -112,6 +120,7 @@ class Adversary:
         reference: np.ndarray | None,
         cohort: Cohort,
         probe: Probe | None = None,
+        model: ModelAccess | None = None,
     ) -> AttackContext:
         return AttackContext(
             rng=rng,
@@ -121,6 +130,7 @@ class Adversary:
             round=t,
             aggregator=lambda X: self.reference_rule(X, reference, cohort, probe),
             aggregator_name=self.aggregator_name,
+            model=model,
         )
 
     def learn(

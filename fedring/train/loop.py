@@ -57,7 +57,7 @@ def train_round(tr: Trainer, t: int) -> RoundResult:
     rows = tr.privacy.release(rows, t, lay.lo, taking & ~tr.adversary.is_byzantine[lay.lo : lay.hi])  # local DP
     reference = tr.reference()  # the server's clean-data gradient, for the rules that need one
     probe = tr.probe(t)  # the round's model, for the rules that inspect it
-    rows = tr.adversary.attack(rows, t, reference, cohort, probe)
+    rows = tr.adversary.attack(rows, t, reference, cohort, probe, tr.attacker_model(t))
     nonfinite = np.zeros(tr.cfg.n_clients, np.uint8)
     nonfinite[lay.lo : lay.hi] = nonfinite_rows(rows) & taking
     with np.errstate(invalid="ignore", over="ignore"):  # non-finite uploads are recorded instead

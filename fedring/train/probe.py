@@ -26,23 +26,25 @@ from .state import ModelBuffers
 BATCH = 500
 
 
-def output_layer(model: nn.Module, classes: int, input_shape: tuple[int, ...]) -> OutputLayer:
+def output_layer(
+    model: nn.Module, classes: int, input_shape: tuple[int, ...], key: str = "aggregator", who: str = "deepsight"
+) -> OutputLayer:
     """Where ``model``'s output layer sits in the flat parameter vector: its last two parameters, a
-    ``(classes, fan_in)`` weight and a ``(classes,)`` bias. A ConfigError (key ``aggregator``) when
-    they are not, or when the model reads token sequences (``input_shape`` of one entry), which
-    random images cannot stand for; every rank finds it alike.
+    ``(classes, fan_in)`` weight and a ``(classes,)`` bias. A ConfigError (naming ``key``, the
+    setting that chose ``who`` reads it) when they are not, or when the model reads token sequences
+    (``input_shape`` of one entry), which random images cannot stand for; every rank finds it alike.
 
     >>> output_layer(nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), 2, (1, 2, 2))
     OutputLayer(start=15, classes=2, fan_in=3)
     """
     if len(input_shape) == 1:
-        raise ConfigError("aggregator", "deepsight runs the model on random images; this model reads token sequences")
+        raise ConfigError(key, f"{who} runs the model on images; this model reads token sequences")
     params = list(model.parameters())
     weight, bias = params[-2:] if len(params) > 1 else (None, None)
     if weight is None or bias is None or weight.ndim != 2 or tuple(bias.shape) != (classes,) or len(weight) != classes:
         raise ConfigError(
-            "aggregator",
-            f"deepsight reads the output layer from the model's last two parameters, a ({classes}, k) weight "
+            key,
+            f"{who} reads the output layer from the model's last two parameters, a ({classes}, k) weight "
             f"and a ({classes},) bias; this model's end in shapes "
             f"{[tuple(p.shape) for p in params[-2:]]}",
         )

@@ -30,7 +30,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from fedring.aggregators.probe import OutputLayer
 from fedring.attacks import Backdoor
+from fedring.attacks.base import ModelAccess
 from fedring.comm import Layout, Network
 from fedring.comm.ring import RingRule
 from fedring.config import Config, defence_f
@@ -38,6 +40,7 @@ from fedring.datasets import DATASETS
 
 from . import components
 from .adversary import Adversary, byzantine_clients
+from .attacker import AttackerModel, layer_slices
 from .batched import VmapGradients
 from .clients import Clients
 from .data import FederatedData
@@ -81,6 +84,13 @@ def federated_data(cfg: Config, clients: range, server: bool) -> FederatedData:
         validation=cfg.validation,
         settings=cfg.section(cfg.partition),
     )
+
+
+def attacker_model(cfg: Config, model: torch.nn.Module, layer: OutputLayer, client: int) -> AttackerModel:
+    """Rank 0's copy of the model with Byzantine ``client``'s shard, for an attack that trains models."""
+    shard = federated_data(cfg, range(client, client + 1), False).shards[0]
+    steps = cfg.local_steps if cfg.local_epochs is None else cfg.local_epochs * -(-len(shard.y) // cfg.batch_size)
+    return AttackerModel(model, shard, client, layer, cfg.batch_size, steps, cfg.seed)
 
 
 class Trainer:
@@ -139,7 +149,14 @@ class Trainer:
             layer = output_layer(model, dataset.classes, dataset.shape)
             if comm.rank == 0:
                 self.model_probe = ModelProbe(model, layer, dataset.shape, buffers)
-        backdoor = parts.attack if isinstance(parts.attack, Backdoor) else None
+        self.attacker: AttackerModel | None = None
+        if getattr(parts.attack, "needs_model", False):  # every rank checks, so a bad setting stops all alike
+            dataset = DATASETS[cfg.dataset]
+            layer = output_layer(model, dataset.classes, dataset.shape, key="attack", who=cfg.attack)
+            layer_slices(model)
+            if comm.rank == 0:
+                self.attacker = attacker_model(cfg, model, layer, int(self.byzantine[0]))
+        backdoor = parts.attack if isinstance(parts.attack, Backdoor) else getattr(parts.attack, "trigger", None)
         self.evaluation = Evaluation(model, stage, buffers, data, self.layout, backdoor, cfg.validation > 0)
         self.participation = from_config(cfg)
         self.privacy = parts.privacy
@@ -158,6 +175,13 @@ class Trainer:
             return None
         return self.model_probe.at(self.replica.w, self.lr_at(t))
 
+    def attacker_model(self, t: int) -> ModelAccess | None:
+        """Round ``t``'s model and data for an attack that trains models itself (3DFed), on rank 0: from
+        the replica's weights and the round's learning rate; None elsewhere and for the other attacks."""
+        if self.attacker is None:
+            return None
+        return self.attacker.at(t, self.replica.w, self.lr_at(t))
+
     def checkpoint(self) -> dict:
         """Collective: what a resumed run needs besides the round, on rank 0: the replica (model,
         server optimizer, buffers), the aggregator's state and every client's optimizer rows. The
@@ -165,7 +189,12 @@ class Trainer:
         (:class:`fedring.train.state.CheckpointRows`), before its next collective."""
         replica = self.replica.checkpoint()
         rows = {f"client_{k}": checkpoint_rows(self.rows_comm, self.layout, v) for k, v in self.clients.state.items()}
-        return {**replica, **{f"state_{k}": v for k, v in self.topology.state.items()}, **rows}
+        attack = {f"attack_{k}": v for k, v in self.attack_state().items()}
+        return {**replica, **{f"state_{k}": v for k, v in self.topology.state.items()}, **attack, **rows}
+
+    def attack_state(self) -> dict[str, np.ndarray]:
+        """What the attack carries between rounds (3DFed's feedback state, on rank 0), else nothing."""
+        return getattr(self.adversary.model_attack, "state", None) or {}
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
         """Collective: continue from :meth:`checkpoint` as stored. ``arrays`` holds all but the clients'
@@ -174,5 +203,8 @@ class Trainer:
         self.topology.state.update(
             {k.removeprefix("state_"): np.array(v) for k, v in arrays.items() if k.startswith("state_")}
         )
+        attack = {k.removeprefix("attack_"): np.array(v) for k, v in arrays.items() if k.startswith("attack_")}
+        if attack:
+            self.adversary.model_attack.state = attack  # type: ignore[union-attr]
         for name, local in self.clients.state.items():
             rows_from_file(self.rows_comm, self.layout, self.cfg.out, f"client_{name}", local)
