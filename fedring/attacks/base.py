@@ -1,8 +1,9 @@
 """The attack interface: the context an attack sees, the two attack kinds, parameter checks.
 
-An attack is a small stateless callable, as in ByzFL. A *model* attack replaces the gradients
-of the Byzantine clients after they computed them honestly on their own data; a *data* attack
-changes the training batch of each Byzantine client before it computes its gradient.
+An attack is a small callable, as in ByzFL, stateless but for Neurotoxin's and 3DFed's memory
+(checkpointed). A *model* attack replaces the gradients of the Byzantine clients after they
+computed them honestly on their own data; a *data* attack changes the training batch of each
+Byzantine client before it computes its gradient.
 
 What an attack may know is part of its definition (``knowledge``):
 
