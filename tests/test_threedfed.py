@@ -124,6 +124,7 @@ def test_feedback_verdicts_by_hand():
     # threshold 1e-4; max 0.05: 0.045 > 0.04 accepted, 0.03 clipped, 1e-4 rejected, -1e-5 rejected
     assert read_feedback(np.array([0.05, 0.045, 0.03, 1e-4, -1e-5]), 1e-4) == (["a", "a", "c", "r", "r"], False)
     assert read_feedback(np.array([0.05, -2e-4, 0.03]), 1e-4) == (["a"], True)  # below -threshold: weak DP
+    assert read_feedback(np.array([0.05, np.nan, 0.03]), 1e-4) == (["a", "r", "c"], False)  # NaN: rejected
 
 
 def test_tuning_by_hand():

@@ -49,8 +49,9 @@ def read_feedback(feedback: np.ndarray, threshold: float) -> tuple[list[str], bo
     global update at the indicator over the value planted there (the authors' ``read_indicator``).
 
     A feedback above 1 or below :math:`-\tau` means the server adds noise (weak DP): reading stops
-    there. Otherwise ``'r'`` (rejected) when :math:`q_i \le \tau`, ``'c'`` (clipped) when
-    :math:`q_i \le 0.8 \max_j q_j`, else ``'a'`` (accepted).
+    there. Otherwise ``'r'`` (rejected) when :math:`q_i \le \tau` or is NaN (a non-finite
+    global update; the authors' reading gives it no verdict and shifts the later ones), ``'c'``
+    (clipped) when :math:`q_i \le 0.8 \max_j q_j`, else ``'a'`` (accepted).
 
     Examples
     --------
@@ -60,11 +61,11 @@ def read_feedback(feedback: np.ndarray, threshold: float) -> tuple[list[str], bo
     (['c'], True)
     """
     accept: list[str] = []
-    top = float(np.max(feedback)) if len(feedback) else 0.0
+    top = float(np.nanmax(feedback)) if np.isfinite(feedback).any() else 0.0
     for q in map(float, feedback):
         if q > 1 or q < -threshold:
             return accept, True
-        accept.append("r" if q <= threshold else "c" if q <= top * 0.8 else "a")
+        accept.append("r" if not q > threshold else "c" if q <= top * 0.8 else "a")
     return accept, False
 
 
@@ -402,9 +403,9 @@ class ThreeDFed(ModelAttack):
                 alpha, k = tune(accept, alpha, k, weak_dp, int(s["attackers"]), self.group_size, self.alpha_low, rng)
             else:
                 alpha, k = tune([], alpha, k, True, 0, self.group_size, self.alpha_low, rng)
-            alpha = np.resize(alpha, groups) if len(alpha) < groups else alpha
-        k = min(k, b - 2)
-        attackers = b - k
+            if len(alpha) < groups:  # more attackers than last round: the new groups draw theirs
+                alpha = np.concatenate([alpha, [rng.uniform(self.alpha_low, 1.0) for _ in range(groups - len(alpha))]])
+        attackers = b - min(k, b - 2)  # the decoys this round can hold
         w = run.w.astype(np.float32)
         benign = self._sgd(run, w, run.steps, lambda v, x, y: run.gradient(v, x, y)[0]) - w  # 2.
         backdoor = self._backdoor(run, w)  # 3.
@@ -433,13 +434,13 @@ class ThreeDFed(ModelAttack):
         }
         return uploads / -np.float32(run.lr)
 
-    def _sgd(self, run: ModelAccess, w: np.ndarray, steps: int, grad) -> np.ndarray:
+    def _sgd(self, run: ModelAccess, w: np.ndarray, steps: int, grad, batches=None) -> np.ndarray:
         """``steps`` torch SGD steps (the attack's momentum and weight decay, the round's lr) from ``w``
-        along ``grad(v, x, y)`` on the attacker's batches."""
+        along ``grad(v, x, y)`` on ``batches`` (default: the attacker's next ones)."""
         v, buf = w.copy(), None
         lr, m, wd = np.float32(run.lr), np.float32(self.momentum), np.float32(self.weight_decay)
         for _ in range(steps):
-            x, y = next(run.batches)
+            x, y = next(run.batches if batches is None else batches)
             g = grad(v, x, y) + wd * v
             buf = g if buf is None else m * buf + g
             v = v - lr * buf
@@ -510,15 +511,15 @@ class ThreeDFed(ModelAttack):
         layer = run.decoy_layer
         spots = layer.start + decoy_positions(np.abs(backdoor[layer] - benign[layer]), b - attackers)
         w_benign = w + benign
+        batches = [next(run.batches) for _ in range(run.steps)]  # every decoy steps on the same batches
         for j, spot in enumerate(spots):
 
             def grad(v: np.ndarray, x: np.ndarray, y: np.ndarray, spot: int = int(spot)) -> np.ndarray:
                 g = np.float32(0.5) * run.gradient(v, x, y)[0]
-                gap = v[spot] - w_benign[spot]
-                if abs(gap) <= 10:  # below the gap of 10: -10 |gap| pushes it out
-                    g[spot] += np.float32(-5.0) * np.sign(gap)
+                gap = v[spot] - w_benign[spot]  # the loss is -10 |gap| up to a gap of 10, 1e-10 |gap| above
+                g[spot] += np.float32(0.5 * (-10.0 if abs(gap) <= 10 else 1e-10)) * np.sign(gap)
                 return g
 
-            row = self._sgd(run, w, run.steps, grad) - w
+            row = self._sgd(run, w, run.steps, grad, iter(batches)) - w
             values[attackers + j] = self._plant(row, where[attackers + j])
             uploads[attackers + j] = row
