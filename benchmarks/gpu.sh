@@ -27,6 +27,13 @@ fi
 mkdir -p "$out"
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
+# an image whose interpreter is python3 alone: a python that execs it (a link would lose its venv)
+if ! command -v python >/dev/null; then
+  mkdir -p "$scratch/bin"
+  printf '#!/bin/sh\nexec "%s" "$@"\n' "$(command -v python3)" >"$scratch/bin/python"
+  chmod +x "$scratch/bin/python"
+  export PATH="$scratch/bin:$PATH"
+fi
 
 # step NAME LIMIT_S COMMAND...: run it under the time left (at most LIMIT_S); record a failure
 step() {
@@ -72,6 +79,17 @@ if [ "$smoke" = 0 ]; then
       fi
     fi
   done
+  # an mpi4py that finds no MPI library: MPICH from its wheel in .wheels/ (pip download mpich)
+  if ! python -c "from mpi4py import MPI" 2>/dev/null; then
+    wheel=$(ls .wheels/mpich-*.whl 2>/dev/null | head -1 || true)
+    if [ -z "$wheel" ]; then
+      echo "error: mpi4py finds no MPI library and .wheels/ has no mpich wheel" >&2
+      exit 1
+    fi
+    python -m pip install -q --no-index --no-deps "$wheel"
+    prefix=$(python -c "import sys; print(sys.prefix)")
+    export PATH="$prefix/bin:$PATH" LD_LIBRARY_PATH="$prefix/lib:${LD_LIBRARY_PATH:-}"
+  fi
   if ! (cd / && python -c "import fedring") 2>/dev/null; then
     python -m pip install -q --no-index --no-deps --no-build-isolation -e .
   fi
