@@ -139,6 +139,9 @@ def test_tuning_by_hand():
     # both groups accepted: each alpha from U(0.3, 0.7); two decoys accepted: k 3 -> 1
     alpha, k = tune(list("aaaaaa"), np.array([0.7, 0.3]), 3, False, 4, 2, 0.0, rng)
     assert k == 1 and all(0.3 <= a <= 0.7 for a in alpha)
+    # only the first group accepted: each alpha from U(0.95, 1.05), a draw at 1 or above set to 0.99
+    drawn = np.concatenate([tune(list("aarr"), np.array([0.95, 0.2]), 0, False, 4, 2, 0.0, rng)[0] for _ in range(20)])
+    assert ((drawn >= 0.95) & (drawn < 1)).all() and (drawn == 0.99).sum() > 5
     # one group: a candidate keeps every alpha, none redraws all (a third slot from an odd count too)
     kept = np.array([0.4, 0.6])
     assert tune(list("aa"), kept, 0, False, 2, 2, 0.0, rng)[0].tolist() == [0.4, 0.6]
