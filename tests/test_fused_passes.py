@@ -38,6 +38,31 @@ def test_scaled_mean_is_the_mean_of_the_scaled_copy(shape, dtype):
     np.testing.assert_array_equal(K.mean(X), X.mean(axis=0))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,k", [((20, 70001), 0), ((20, 70001), 1), ((3, 5), 2), ((7, 262145), 0), ((40, 300), 3)])
+def test_row_stats_has_the_bits_of_the_float64_copy_per_block(shape, k, dtype):
+    # the reused buffer must give the bits of X[:, sl].astype(float64) block by block, summed in
+    # the order of map_blocks' runs (blocks of one run in order, then the runs in order)
+    X = rows(*shape, dtype=dtype)
+    R = rows(k, shape[1], dtype=dtype, seed=2)
+    n, d = X.shape
+    width = min(d, K.block_width(n + k))
+    sls = list(K.blocks(d, width))
+    runs = max(1, min(len(sls), 4 * K.n_workers()))
+    sq, dots = np.zeros(n), np.zeros((n, k))
+    for r in range(runs):
+        part_sq, part_dots = np.zeros(n), np.zeros((n, k))
+        for sl in sls[r * len(sls) // runs : (r + 1) * len(sls) // runs]:
+            B = X[:, sl].astype(np.float64)
+            part_sq += np.einsum("ij,ij->i", B, B)
+            part_dots += B @ R[:, sl].astype(np.float64).T
+        sq, dots = sq + part_sq, dots + part_dots
+    got_sq, got_dots = K.row_stats(X, R if k else None)
+    np.testing.assert_array_equal(got_sq, sq)
+    if k:
+        np.testing.assert_array_equal(got_dots, dots)
+
+
 def test_nonfinite_from_norms_checks_overflowing_rows_value_by_value():
     X = np.array([[1.0, 2.0], [np.nan, 0.0], [1e200, 0.0], [-np.inf, 1.0]])
     with np.errstate(over="ignore", invalid="ignore"):

@@ -333,18 +333,24 @@ def row_stats(X: np.ndarray, R: np.ndarray | None = None) -> tuple[np.ndarray, n
         return _torch().row_stats(X, R)
     n, d = X.shape
     k = 0 if R is None else R.shape[0]
+    width = min(d, block_width(n + k))
 
     def task(sls):
         sq = np.zeros(n)
         dots = np.zeros((n, k))
+        # one float64 buffer per worker, each block a contiguous (n, w) view of it: the layout
+        # (so the bits) of X[:, sl].astype(np.float64) without an allocation per block, which
+        # took a third of the pass
+        flat = np.empty(n * width)
         for sl in sls:
-            B = X[:, sl].astype(np.float64)
+            B = flat[: n * (sl.stop - sl.start)].reshape(n, -1)
+            B[...] = X[:, sl]
             sq += np.einsum("ij,ij->i", B, B)
             if k:
                 dots += B @ R[:, sl].astype(np.float64).T
         return sq, dots
 
-    parts = map_blocks(task, d, block_width(n + k))
+    parts = map_blocks(task, d, width)
     sq = sum(a for a, _ in parts)
     return sq, (sum(b for _, b in parts) if k else None)
 
