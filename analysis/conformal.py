@@ -173,7 +173,11 @@ def main_table(argv: list[str]) -> int:
     p.add_argument("--out", metavar="PREFIX", help="write PREFIX.md and PREFIX.csv")
     p.add_argument("--digits", type=int, default=2)
     p.add_argument(
-        "--where", action="append", default=[], metavar="KEY=VALUE", help="keep only the cases with this value"
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keep only the cases with this value (repeat a key for any of its values)",
     )
     args = p.parse_args(argv)
     df = conformal_cases(args.paths, args.where)

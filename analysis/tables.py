@@ -117,14 +117,23 @@ def final_rows(df: pd.DataFrame, metric: str = "test_error", window: int = 1) ->
 
 
 def apply_where(df: pd.DataFrame, where: list[str]) -> pd.DataFrame:
-    """The rows whose column KEY reads VALUE, for every ``KEY=VALUE`` of ``where``."""
+    """The rows that match every key of ``where``'s ``KEY=VALUE`` items: a row matches a key when its
+    column KEY reads one of the values given for it (``--where seed=0 --where seed=1``: seeds 0 and 1).
+
+    >>> df = pd.DataFrame({"seed": [0, 1, 2, 0], "lr": [0.1, 0.1, 0.1, 0.3]})
+    >>> apply_where(df, ["seed=0", "seed=1", "lr=0.1"]).index.tolist()
+    [0, 1]
+    """
+    wanted: dict[str, set[str]] = {}
     for item in where:
         key, sep, value = item.partition("=")
         if not sep or key not in df:
             raise SystemExit(
                 f"--where {item!r}: expected KEY=VALUE with KEY a column ({', '.join(config_columns(df) or df.columns)})"
             )
-        df = df[df[key].map(text) == value]
+        wanted.setdefault(key, set()).add(value)
+    for key, values in wanted.items():
+        df = df[df[key].map(text).isin(values)]
     return df
 
 
@@ -421,7 +430,13 @@ def main_table(argv: list[str]) -> int:
         help="show this table's values (same row and column labels) in parentheses, e.g. the paper's",
     )
     p.add_argument("--digits", type=int, default=2)
-    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="keep only runs with this setting")
+    p.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keep only runs with this setting (repeat a key for any of its values)",
+    )
     args = p.parse_args(argv)
     beside = read_beside(args.beside) if args.beside else None
     df = selected_runs(args.paths, args.where, "no complete training runs to tabulate")

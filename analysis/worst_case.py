@@ -212,7 +212,13 @@ def add_protocol_options(p: argparse.ArgumentParser, tune_required: bool) -> Non
         help="the settings chosen per defence by their worst case over the attacks, e.g. lr",
     )
     add_final_window(p)
-    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="keep only runs with this setting")
+    p.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keep only runs with this setting (repeat a key for any of its values)",
+    )
 
 
 def load_selected(args) -> pd.DataFrame | None:

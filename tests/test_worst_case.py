@@ -180,6 +180,30 @@ def test_a_cell_mixing_settings_is_refused(grid, analysis_cli, tmp_path):
     assert narrowed.returncode == 0, narrowed.stderr
 
 
+def test_where_with_several_values_of_a_key_keeps_any_of_them(grid, analysis_cli, tmp_path):
+    # a seed that has only begun (one run of a third seed) changes a cell; naming the finished
+    # seeds gives the table of those alone
+    before = analysis_cli("worst-case", grid, "--tune", "lr", cwd=tmp_path)
+    assert before.returncode == 0, before.stderr
+    fake_run(
+        grid / "krum-0.1-alie-0.2-2.h5",
+        accuracy=lambda r: 0.0,
+        validation=lambda r: 0.0,
+        topology="server",
+        aggregator="krum",
+        attack="alie",
+        seed=2,
+        lr=0.1,
+        byzantine=0.2,
+    )
+    unfiltered = analysis_cli("worst-case", grid, "--tune", "lr", cwd=tmp_path)
+    assert unfiltered.returncode == 0, unfiltered.stderr
+    assert unfiltered.stdout != before.stdout
+    seeds = analysis_cli("worst-case", grid, "--tune", "lr", "--where", "seed=0", "--where", "seed=1", cwd=tmp_path)
+    assert seeds.returncode == 0, seeds.stderr
+    assert seeds.stdout == before.stdout
+
+
 def test_a_setting_missing_an_attack_is_refused(grid, analysis_cli, tmp_path):
     for seed in (0, 1):
         (grid / f"krum-0.3-minmax-0.2-{seed}.h5").unlink()
