@@ -171,6 +171,31 @@ def test_one_rank_relay_attacks_and_check_on_tensor_rows(rule, params):
         assert host[2]["relay_tampered_hops"] > 0
 
 
+def host_reads(monkeypatch, rule: str, n: int, params: dict) -> int:
+    """How often one round on tensor rows reads a tensor's value on the host (each one would wait for
+    a GPU): ``bool``, ``int``, ``float``, ``item`` and the numpy conversion of a tensor."""
+    reads = [0]
+    for name in ("__bool__", "__int__", "__float__", "__index__", "item", "__array__"):
+        method = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _method=method, **kwargs):
+            reads[0] += 1
+            return _method(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    G = torch.from_numpy(sign_matrix(n, 40 * n + 3, n))
+    SignVote(rule, n, params).aggregate(Network(Layout(n, MPI.COMM_SELF)), G, 3)
+    monkeypatch.undo()
+    return reads[0]
+
+
+@pytest.mark.parametrize("rule,params", [a for a in ATTACKS if "relay_attack" in a[1] or a[1].get("check")])
+def test_the_check_and_the_relays_read_the_device_a_fixed_number_of_times(monkeypatch, rule, params):
+    """The integrity check and the relay attacks read their tallies once a round, not once a hop: as
+    many host reads with 8 clients as with 16 (twice the hops)."""
+    assert host_reads(monkeypatch, rule, 8, params) == host_reads(monkeypatch, rule, 16, params)
+
+
 def test_int16_counts_on_tensor_rows():
     """Past 127 clients the counts are int16 on the device too."""
     n = 130

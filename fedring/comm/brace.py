@@ -598,12 +598,19 @@ class SignRule(RingRule):
         return buf
 
     def _share_reduce_guarded(self, net: Network, counts, bounds: np.ndarray, local_byz, counted: RelayCounts) -> None:
-        """Phase II step by step, with the relays' bias, the receivers' check and saturation (either kind of rows)."""
+        """Phase II step by step, with the relays' bias, the receivers' check and saturation (either kind of rows).
+
+        The check's tallies stay arrays of the rows' kind until the last hop, so that on a device
+        no hop waits for it: one transfer after the loop, not one per hop and receiver.
+        """
         lay, n = net.layout, net.n_clients
-        xp = array_namespace(counts)
+        xp, where = array_namespace(counts), device(counts)
         own = self._scratch("own", tuple(counts.shape), self.dtype, counts)
         own[...] = counts
         top = int(xp.iinfo(counts.dtype).max)
+        n_local = len(lay.local_clients)
+        flagged_by = xp.zeros(n_local, dtype=xp.int64, device=where)  # counts each receiver replaced
+        hops_by = xp.zeros(n_local, dtype=xp.int64, device=where)  # hops on which it replaced any
 
         def saturated(wide):  # an int64 sum, clipped into the count type
             return xp.astype(xp.clip(wide, min=-top, max=top), counts.dtype)
@@ -625,22 +632,32 @@ class SignRule(RingRule):
                     bad = (got > k) | (got < -k)
                     if self.sign_zero:
                         bad |= ((got ^ k) & 1) != 0
-                    flagged = count_true(bad)
-                    if flagged:
-                        counted.detections[(j - 1) % n] += 1
-                        counted.flagged += flagged
-                        got[bad] = (k % 2) * self.sign_zero
+                    flagged = xp.count_nonzero(bad)  # a 0-d tensor on a device: no wait
+                    flagged_by[j - lay.lo] += flagged
+                    hops_by[j - lay.lo] += flagged > 0
+                    fill = (k % 2) * self.sign_zero
+                    if on_host(got):
+                        if flagged:  # rare: the masked store only then
+                            got[bad] = fill
+                    else:  # a masked store would wait for the mask's count
+                        got[...] = xp.where(bad, xp.asarray(fill, dtype=got.dtype, device=where), got)
                 mine = own[j - lay.lo, bounds[c] : bounds[c + 1]]
                 got[...] = saturated(xp.astype(got, xp.int64) + xp.astype(mine, xp.int64))
+        if self.check:  # the receiver j accuses its sender j - 1
+            counted.detections[(np.asarray(lay.local_clients) - 1) % n] += host(hops_by)
+            counted.flagged += int(host(flagged_by).sum())
 
     def _share_only_flipping(
         self, net: Network, packed, packing: Packing, local_byz, counted: RelayCounts, t: int
     ) -> None:
         """Phase IV of round ``t`` with Byzantine relays flipping the signs they forward (the first on
-        each path). The flips are the round's numpy draws on either kind of rows."""
+        each path). The flips are the round's numpy draws on either kind of rows, all drawn before the
+        first hop (each relay's generator in hop order, as hop by hop) and, on a device, moved there
+        in one transfer; the flipped signs are counted there and read once, after the last hop."""
         lay, n = net.layout, net.n_clients
         b, pb = packing.bounds, packing.byte_bounds
         rngs = {i: generator(self.seed, Stream.RELAY_FLIP, client=i, step=t) for i in local_byz}
+        hops = []  # (step, relay, chunk, flips)
         for s in range(n - 1):
             for i in local_byz:
                 # i forwards chunk c, owned by i - s; it is the first Byzantine relay on the
@@ -649,12 +666,34 @@ class SignRule(RingRule):
                 size = int(b[c + 1] - b[c])
                 if self.gap[i] <= s or size == 0:
                     continue
-                seg = packed[i - lay.lo, pb[c] : pb[c + 1]]
                 flips = np.ones(size, bool) if self.flip_prob == 1.0 else rngs[i].random(size) < self.flip_prob
-                counted.tampered_hops += 1
-                counted.flipped_signs += count_true(packing.nonzero(seg, c) & like(flips, seg))
-                packing.signs(seg, c)[...] ^= like(np.packbits(flips), seg)
+                hops.append((s, i, c, flips))
+        counted.tampered_hops += len(hops)
+        if not hops:
+            for s in range(n - 1):
+                net.ring_step(packed, pb, rotation(1 - s, n), None, SHARE_ONLY)
+            return
+        masks = [np.packbits(f) for _, _, _, f in hops]
+        mask_at = np.concatenate([[0], np.cumsum([len(m) for m in masks])])
+        all_masks = like(np.concatenate(masks), packed)
+        if packing.planes == 1:  # every sign is nonzero: each flip flips one
+            flipped = sum(int(np.count_nonzero(f)) for _, _, _, f in hops)
+        else:
+            flip_at = np.concatenate([[0], np.cumsum([f.size for _, _, _, f in hops])])
+            all_flips = like(np.concatenate([f for _, _, _, f in hops]), packed)
+            flipped = 0  # on a device, a 0-d tensor until the end
+        h = 0
+        for s in range(n - 1):
+            while h < len(hops) and hops[h][0] == s:
+                _, i, c, _ = hops[h]
+                seg = packed[i - lay.lo, pb[c] : pb[c + 1]]
+                if packing.planes == 2:
+                    flips = all_flips[int(flip_at[h]) : int(flip_at[h + 1])]
+                    flipped = flipped + array_namespace(seg).count_nonzero(packing.nonzero(seg, c) & flips)
+                packing.signs(seg, c)[...] ^= all_masks[int(mask_at[h]) : int(mask_at[h + 1])]
+                h += 1
             net.ring_step(packed, pb, rotation(1 - s, n), None, SHARE_ONLY)
+        counted.flipped_signs += int(flipped)
 
     # ---------------------------------------------------------------- reporting
 
