@@ -90,6 +90,20 @@ def test_packbits_is_numpys_on_odd_sizes(size):
         assert np.array_equal(unpackbits(packed, size).numpy(), bits)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.int16])
+@pytest.mark.parametrize("sign_zero", [0, 1, -1])
+def test_quantize_on_the_host_is_the_formula(monkeypatch, dtype, sign_zero):
+    """Numpy's votes (int8: computed in the votes' own bytes) are sign(x), sign_zero at 0, -0.0 and every
+    non-finite value, across passes (a small BLOCK, so the last pass is partial) and into ``out``."""
+    monkeypatch.setattr(brace_module, "BLOCK", 8)
+    x = np.array([2.5, 0.0, -0.0, -1e-30, 1e-45, np.nan, np.inf, -np.inf, -3.0, 7.0, -np.nan, 0.5, -2.0], np.float32)
+    want = np.where(np.isfinite(x) & (x != 0), np.sign(np.nan_to_num(x)), sign_zero).astype(dtype)
+    assert quantize(x, sign_zero, dtype).tobytes() == want.tobytes()
+    out = np.full(x.size, 99, dtype)
+    assert np.shares_memory(quantize(x, sign_zero, dtype, out=out), out)
+    assert out.tobytes() == want.tobytes()
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32])
 @pytest.mark.parametrize("sign_zero", [0, 1, -1])
 def test_quantize_on_tensors(monkeypatch, dtype, sign_zero):
