@@ -406,6 +406,9 @@ def plot_heatmap(
         ax.set_title(title, fontsize=10)
     what = metric.replace("_", " ") if not tune else "test accuracy"
     window_text = "final evaluation" if window == 1 else f"mean of the last {window} evaluations"
+    seeds = df["seed"].nunique() if "seed" in df else 1
+    if seeds > 1:
+        window_text += f", mean over {seeds} seeds"
     fig.colorbar(image, ax=list(axes.flat), label=f"{what} ({window_text})", fraction=0.04, pad=0.02)
     if tune:
         fig.suptitle(
