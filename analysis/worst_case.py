@@ -105,6 +105,24 @@ def defence_rows(df: pd.DataFrame, by: str, metric: str, window: int, tune: Sequ
     return final
 
 
+def warn_uneven_seeds(final: pd.DataFrame, cell: list[str]) -> None:
+    """A warning on stderr where some seeds are in only some cells (a grid's seed half run): those
+    cells average other seeds than the rest, and a worst case compares them as if they did not."""
+    if "seed" not in final:
+        return
+    seeds = final.groupby(cell)["seed"].agg(lambda v: frozenset(v.map(text)))
+    partial = sorted(frozenset.union(*seeds) - frozenset.intersection(*seeds), key=_tie_key)
+    if partial:
+        every = sorted(frozenset.intersection(*seeds), key=_tie_key)
+        have = {s: int(seeds.map(lambda c, s=s: s in c).sum()) for s in partial}
+        print(
+            f"warning: seed {', '.join(f'{s} in {have[s]}' for s in partial)} of the {len(seeds)} cells "
+            f"({', '.join(cell)}): the cells average different seeds"
+            + (f"; name the seeds in every cell with {' '.join(f'--where seed={s}' for s in every)}" if every else ""),
+            file=sys.stderr,
+        )
+
+
 def defence_order(final: pd.DataFrame, by: str) -> list:
     return _order(final["defence"].unique(), METHOD_ORDER if by == "aggregator" else [])
 
@@ -122,6 +140,7 @@ def worst_case(df: pd.DataFrame, by: str = "aggregator", tune: Sequence[str] = (
         raise SystemExit(f"--by {by} and --tune {','.join(tune)}: a key can be only one of defence, tuned, attack")
     select = selection_metric(df)
     final = defence_rows(df, by, TEST, window, tune)
+    warn_uneven_seeds(final, ["defence", *tune, "attack"])
     if select != TEST:
         final[select] = final["run"].map(final_rows(df, select, window).set_index("run")[select])
 

@@ -199,9 +199,14 @@ def test_where_with_several_values_of_a_key_keeps_any_of_them(grid, analysis_cli
     unfiltered = analysis_cli("worst-case", grid, "--tune", "lr", cwd=tmp_path)
     assert unfiltered.returncode == 0, unfiltered.stderr
     assert unfiltered.stdout != before.stdout
+    assert (
+        "warning: seed 2 in 1 of the 27 cells (defence, lr, attack): the cells average different seeds; "
+        "name the seeds in every cell with --where seed=0 --where seed=1"
+    ) in unfiltered.stderr, unfiltered.stderr.splitlines()[-1]
     seeds = analysis_cli("worst-case", grid, "--tune", "lr", "--where", "seed=0", "--where", "seed=1", cwd=tmp_path)
     assert seeds.returncode == 0, seeds.stderr
     assert seeds.stdout == before.stdout
+    assert "warning" not in seeds.stderr and "warning" not in before.stderr
 
 
 def test_a_setting_missing_an_attack_is_refused(grid, analysis_cli, tmp_path):
