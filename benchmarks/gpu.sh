@@ -6,6 +6,7 @@
 # `bench aggregators --device cuda --byzfl` on 100 x 11.2M rows. Every figure is a JSON record
 # naming its device, in docs/measured/gpu/ (FEDRING_GPU_OUT elsewhere). Usage, from anywhere:
 #   bash benchmarks/gpu.sh            # on a machine with a GPU (offline: wheels from .wheels/)
+#   FEDRING_GPU_STEPS="tests aggregators" bash benchmarks/gpu.sh   # only those steps (train: all of bench train)
 #   bash benchmarks/gpu.sh --smoke    # the same steps on the CPU at tiny sizes, into a temp folder
 #                                     # (the CIFAR CNN standing in for ResNet-18)
 # A step that fails or runs out of its time is reported, the others still run, and the script
@@ -17,6 +18,10 @@ if [ "${1:-}" = "--smoke" ]; then smoke=1; elif [ -n "${1:-}" ]; then echo "usag
 budget=470  # seconds for every step: 8 minutes less the summary's
 start=$SECONDS
 failed=()
+only=${FEDRING_GPU_STEPS:-}  # e.g. "tests aggregators": only those steps (train: every bench train step)
+# a device image whose mpi4py is built on Open MPI, run as root: Open MPI's mpiexec refuses root
+# without these (MPICH ignores them)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 if [ "$smoke" = 1 ]; then
   device=cpu out=${FEDRING_GPU_OUT:-$(mktemp -d)}
   clients=6 rounds=1 batch=4 cnn_batched=3 big=cnn_cifar big_batched=3 agg_clients=8 dim=3000 repeats=1
@@ -39,6 +44,9 @@ fi
 step() {
   local name=$1 limit=$2
   shift 2
+  if [ -n "$only" ] && [[ " $only " != *" ${name%%-*} "* ]]; then
+    return 0
+  fi
   local left=$((budget - (SECONDS - start)))
   if [ "$left" -lt 20 ]; then
     echo "=== $name: NOT RUN, the time budget is spent" >&2

@@ -575,7 +575,8 @@ def device_table(records: list[dict]) -> str:
             line += f" {r['numpy_seconds']:.4f} |"
         if r.get("byzfl"):
             line += f" {r['byzfl_seconds']:.4f} | {r['byzfl_over_fedring']:.2f} |"
-            line += f" {r['byzfl_seconds'] / r['numpy_seconds']:.2f} |" * numpy_col
+            if numpy_col:
+                line += f" {r['byzfl_seconds'] / r['numpy_seconds']:.2f} |"
         else:
             line += " — | — |" + " — |" * numpy_col
         lines.append(line)
