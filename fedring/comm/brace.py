@@ -696,7 +696,7 @@ class SignRule(RingRule):
         lay, n = net.layout, net.n_clients
         b, pb = packing.bounds, packing.byte_bounds
         rngs = {i: generator(self.seed, Stream.RELAY_FLIP, client=i, step=t) for i in local_byz}
-        hops = []  # (step, relay, chunk, flips)
+        steps: list[list] = [[] for _ in range(n - 1)]  # per step: (relay, chunk, flips)
         for s in range(n - 1):
             for i in local_byz:
                 # i forwards chunk c, owned by i - s; it is the first Byzantine relay on the
@@ -706,30 +706,28 @@ class SignRule(RingRule):
                 if self.gap[i] <= s or size == 0:
                     continue
                 flips = np.ones(size, bool) if self.flip_prob == 1.0 else rngs[i].random(size) < self.flip_prob
-                hops.append((s, i, c, flips))
-        counted.tampered_hops += len(hops)
-        if not hops:
-            for s in range(n - 1):
-                net.ring_step(packed, pb, rotation(1 - s, n), None, SHARE_ONLY)
-            return
-        masks = [np.packbits(f) for _, _, _, f in hops]
-        mask_at = np.concatenate([[0], np.cumsum([len(m) for m in masks])])
-        all_masks = like(np.concatenate(masks), packed)
+                steps[s].append((i, c, flips))
+        draws = [f for step in steps for _, _, f in step]
+        counted.tampered_hops += len(draws)
+
+        def moved(arrays: list, dtype) -> list:  # host arrays to the rows' kind in one transfer, as views
+            whole = like(np.concatenate([np.empty(0, dtype), *arrays]), packed)
+            at = np.cumsum([0, *(a.size for a in arrays)])
+            return [whole[int(at[k]) : int(at[k + 1])] for k in range(len(arrays))]
+
+        masks = moved([np.packbits(f) for f in draws], np.uint8)
         if packing.planes == 1:  # every sign is nonzero: each flip flips one
-            flipped = sum(int(np.count_nonzero(f)) for _, _, _, f in hops)
+            flipped = sum(int(np.count_nonzero(f)) for f in draws)
         else:
-            flip_at = np.concatenate([[0], np.cumsum([f.size for _, _, _, f in hops])])
-            all_flips = like(np.concatenate([f for _, _, _, f in hops]), packed)
+            there = moved(draws, bool)
             flipped = 0  # on a device, a 0-d tensor until the end
         h = 0
         for s in range(n - 1):
-            while h < len(hops) and hops[h][0] == s:
-                _, i, c, _ = hops[h]
+            for i, c, _ in steps[s]:
                 seg = packed[i - lay.lo, pb[c] : pb[c + 1]]
                 if packing.planes == 2:
-                    flips = all_flips[int(flip_at[h]) : int(flip_at[h + 1])]
-                    flipped = flipped + array_namespace(seg).count_nonzero(packing.nonzero(seg, c) & flips)
-                packing.signs(seg, c)[...] ^= all_masks[int(mask_at[h]) : int(mask_at[h + 1])]
+                    flipped = flipped + array_namespace(seg).count_nonzero(packing.nonzero(seg, c) & there[h])
+                packing.signs(seg, c)[...] ^= masks[h]
                 h += 1
             net.ring_step(packed, pb, rotation(1 - s, n), None, SHARE_ONLY)
         counted.flipped_signs += int(flipped)
