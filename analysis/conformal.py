@@ -24,7 +24,7 @@ from fedring.names import CALIBRATION
 from fedring.results import FileStatus
 
 from .load import h5_files, open_results, report_skipped
-from .tables import apply_where, text, write_outputs
+from .tables import add_where, apply_where, text, write_outputs
 
 #: columns of a row that are not the case's own keys
 RESULT_COLUMNS = ["coverage", "coverage_sd", "size", "size_sd", "size_kind", "trials", "alpha"]
@@ -172,13 +172,7 @@ def main_table(argv: list[str]) -> int:
     p.add_argument("paths", nargs="+", metavar="FILE|DIR")
     p.add_argument("--out", metavar="PREFIX", help="write PREFIX.md and PREFIX.csv")
     p.add_argument("--digits", type=int, default=2)
-    p.add_argument(
-        "--where",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="keep only the cases with this value (repeat a key for any of its values)",
-    )
+    add_where(p, "the cases with this value")
     args = p.parse_args(argv)
     df = conformal_cases(args.paths, args.where)
     if df.empty:

@@ -40,6 +40,7 @@ from .tables import (
     METHOD_KEYS,
     ONE_PER_TABLE,
     _order,
+    add_where,
     apply_where,
     check_cells,
     check_comparable,
@@ -258,13 +259,7 @@ def _parser(prog: str, what: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m analysis {prog}", description=what)
     p.add_argument("paths", nargs="+", metavar="FILE|DIR")
     p.add_argument("--out", required=True, metavar="FILE.png")
-    p.add_argument(
-        "--where",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="keep only runs with this setting (repeat a key for any of its values)",
-    )
+    add_where(p)
     return p
 
 

@@ -137,6 +137,17 @@ def apply_where(df: pd.DataFrame, where: list[str]) -> pd.DataFrame:
     return df
 
 
+def add_where(p: argparse.ArgumentParser, what: str = "runs with this setting") -> None:
+    """The ``--where KEY=VALUE`` option that :func:`apply_where` reads (repeatable)."""
+    p.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"keep only {what} (repeat a key for any of its values)",
+    )
+
+
 def _order(values, labels) -> list:
     """``values`` in the order of ``labels`` (a dict's values or a list), the rest sorted after."""
     labels = list(labels.values()) if isinstance(labels, dict) else list(labels)
@@ -430,13 +441,7 @@ def main_table(argv: list[str]) -> int:
         help="show this table's values (same row and column labels) in parentheses, e.g. the paper's",
     )
     p.add_argument("--digits", type=int, default=2)
-    p.add_argument(
-        "--where",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="keep only runs with this setting (repeat a key for any of its values)",
-    )
+    add_where(p)
     args = p.parse_args(argv)
     beside = read_beside(args.beside) if args.beside else None
     df = selected_runs(args.paths, args.where, "no complete training runs to tabulate")

@@ -36,6 +36,7 @@ from .tables import (
     _order,
     _rounds,
     add_final_window,
+    add_where,
     check_cells,
     check_comparable,
     config_columns,
@@ -231,13 +232,7 @@ def add_protocol_options(p: argparse.ArgumentParser, tune_required: bool) -> Non
         help="the settings chosen per defence by their worst case over the attacks, e.g. lr",
     )
     add_final_window(p)
-    p.add_argument(
-        "--where",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="keep only runs with this setting (repeat a key for any of its values)",
-    )
+    add_where(p)
 
 
 def load_selected(args) -> pd.DataFrame | None:

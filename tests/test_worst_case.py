@@ -144,35 +144,31 @@ def test_no_validation_split_falls_back_to_test_accuracy_with_a_warning(tmp_path
     assert "worst-case test accuracy" in out.stdout
 
 
-def test_runs_partly_with_a_validation_split_are_refused(grid, analysis_cli, tmp_path):
+def krum_run(path, value: float, validation: bool = True, **extra):
+    """One more run beside the grid's: Krum under ALIE at lr 0.1, seed 2, every evaluation ``value``."""
     fake_run(
-        grid / "extra.h5",
-        accuracy=lambda r: 0.5,
+        path,
+        accuracy=lambda r: value,
+        validation=(lambda r: value) if validation else None,
         topology="server",
         aggregator="krum",
         attack="alie",
         seed=2,
         lr=0.1,
         byzantine=0.2,
+        **extra,
     )
+
+
+def test_runs_partly_with_a_validation_split_are_refused(grid, analysis_cli, tmp_path):
+    krum_run(grid / "extra.h5", 0.5, validation=False)
     out = analysis_cli("worst-case", grid, "--tune", "lr", cwd=tmp_path)
     assert out.returncode != 0
     assert "have a validation split and 1 do not" in out.stderr
 
 
 def test_a_cell_mixing_settings_is_refused(grid, analysis_cli, tmp_path):
-    fake_run(
-        grid / "other-batch.h5",
-        accuracy=lambda r: 0.5,
-        validation=lambda r: 0.5,
-        topology="server",
-        aggregator="krum",
-        attack="alie",
-        seed=2,
-        lr=0.1,
-        byzantine=0.2,
-        batch_size=64,
-    )
+    krum_run(grid / "other-batch.h5", 0.5, batch_size=64)
     out = analysis_cli("worst-case", grid, "--tune", "lr", cwd=tmp_path)
     assert out.returncode != 0
     assert "the runs of cell defence='Krum', attack='ALIE attack', lr='0.1' differ in batch_size (32, 64)" in out.stderr
@@ -185,17 +181,7 @@ def test_where_with_several_values_of_a_key_keeps_any_of_them(grid, analysis_cli
     # seeds gives the table of those alone
     before = analysis_cli("worst-case", grid, "--tune", "lr", cwd=tmp_path)
     assert before.returncode == 0, before.stderr
-    fake_run(
-        grid / "krum-0.1-alie-0.2-2.h5",
-        accuracy=lambda r: 0.0,
-        validation=lambda r: 0.0,
-        topology="server",
-        aggregator="krum",
-        attack="alie",
-        seed=2,
-        lr=0.1,
-        byzantine=0.2,
-    )
+    krum_run(grid / "krum-0.1-alie-0.2-2.h5", 0.0)
     unfiltered = analysis_cli("worst-case", grid, "--tune", "lr", cwd=tmp_path)
     assert unfiltered.returncode == 0, unfiltered.stderr
     assert unfiltered.stdout != before.stdout
