@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of issue 32 on one GPU, within 8 minutes of an H100 (docs/arrays.md, "Measuring
-# on a GPU"): the tests that need CUDA, then `bench train` (the CNN with 100 clients, per client
+# on a GPU"): the tests that need CUDA, the ring of 100 clients on one rank against a bare sum
+# (benchmarks/local_ring.py), then `bench train` (the CNN with 100 clients, per client
 # and batched, against the bare loops; ResNet-18 with GroupNorm batched 25 against the bare
 # batched loop; median, trimmed mean and Krum on the server against that ring-mean round) and
 # `bench aggregators --device cuda --byzfl` on 100 x 11.2M rows. Every figure is a JSON record
@@ -25,9 +26,11 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 if [ "$smoke" = 1 ]; then
   device=cpu out=${FEDRING_GPU_OUT:-$(mktemp -d)}
   clients=6 rounds=1 batch=4 cnn_batched=3 big=cnn_cifar big_batched=3 agg_clients=8 dim=3000 repeats=1
+  ring_sizes="100 1000"
 else
   device=cuda out=${FEDRING_GPU_OUT:-docs/measured/gpu}
   clients=100 rounds=10 batch=32 cnn_batched=100 big=resnet18_gn big_batched=25 agg_clients=100 dim=11200000 repeats=3
+  ring_sizes="100 10000 1000000"
 fi
 mkdir -p "$out"
 scratch=$(mktemp -d)
@@ -120,6 +123,11 @@ else
     $gpu_tests tests/test_attacks_on_device.py
   [ -f "$scratch/tests.xml" ] && python benchmarks/gpu_figures.py tests "$scratch/tests.xml" "$out/tests.json" "$name"
 fi
+
+# --- the ring of 100 clients on one rank against a bare sum, numpy and device rows: about 20 s
+# shellcheck disable=SC2086
+step ring 60 python benchmarks/local_ring.py --device "$device" --sizes $ring_sizes --repeats "$((repeats * 7))" \
+  --json "$out/local_ring.json"
 
 # --- bench train: the CNN, 100 clients per client and batched (about 30 s); ResNet-18 (GroupNorm)
 # batched 25 on the ring (about 45 s) and with three server rules (about 45 s each)

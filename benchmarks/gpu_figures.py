@@ -89,6 +89,13 @@ def summary(root: Path) -> None:
             f"tests on {tests_record['device']}: {tests_record['passed']} passed, {tests_record['skipped']} skipped, "
             f"{tests_record['failures'] + tests_record['errors']} failed {tests_record['failed'] or ''}"
         )
+    local = records.pop("local_ring", None)
+    if local is not None:
+        for r in local["records"]:
+            print(
+                f"ring of {r['clients']} on one rank, d={r['d']}, {r['rows']} on {r['device']}: "
+                f"{r['ring_s'] * 1e3:.3f} ms, ring/bare sum {r['ratio']:.2f}"
+            )
     rings = {r["model"]: r for name, r in records.items() if name.startswith("train-") and name.endswith("-ring")}
     for name, r in records.items():
         if not name.startswith("train-"):

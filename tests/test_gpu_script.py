@@ -27,8 +27,16 @@ def test_gpu_script_smoke(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     names = {p.stem for p in tmp_path.glob("*.json")}
     server = {f"train-cnn_cifar-server-{rule}" for rule in ("median", "trimmed_mean", "krum")}
-    assert names == {"train-cnn", "train-cnn_cifar-ring", "aggregators"} | server
-    for name in names - {"aggregators"}:
+    assert names == {"train-cnn", "train-cnn_cifar-ring", "aggregators", "local_ring"} | server
+    ring = json.loads((tmp_path / "local_ring.json").read_text())
+    assert ring["device"] == "cpu" and [(r["d"], r["rows"]) for r in ring["records"]] == [
+        (100, "numpy"),
+        (100, "torch"),
+        (1000, "numpy"),
+        (1000, "torch"),
+    ]
+    assert all(r["ring_s"] > 0 and r["ratio"] == r["ring_s"] / r["bare_sum_s"] for r in ring["records"])
+    for name in names - {"aggregators", "local_ring"}:
         record = json.loads((tmp_path / f"{name}.json").read_text())
         assert (
             record["device"] == "cpu"
@@ -42,6 +50,7 @@ def test_gpu_script_smoke(tmp_path):
     bench = json.loads((tmp_path / "aggregators.json").read_text())
     assert bench["meta"]["device"] == "cpu" and {r["device"] for r in bench["records"]} == {"cpu"}
     assert "=== summary" in run.stdout and "round / ring-mean round" in run.stdout
+    assert "ring of 100 on one rank, d=1000, torch on cpu" in run.stdout
 
 
 def test_bench_aggregators_on_cpu_tensors(tmp_path, capsys):

@@ -95,20 +95,26 @@ def host_dtype(x) -> np.dtype:
     """
     if on_host(x):
         return x.dtype
-    xp = array_namespace(x)
-    if xp.isdtype(x.dtype, "bool"):
+    return _numpy_dtype(array_namespace(x), x.dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _numpy_dtype(xp, dtype) -> np.dtype:
+    """:func:`host_dtype` of an array of namespace ``xp`` and ``dtype``, looked up once per dtype (a
+    ring asks every step)."""
+    if xp.isdtype(dtype, "bool"):
         return np.dtype(bool)
     for kind, code, info in (
         ("signed integer", "i", xp.iinfo),
         ("unsigned integer", "u", xp.iinfo),
         ("real floating", "f", xp.finfo),
     ):
-        if xp.isdtype(x.dtype, kind):
-            dtype = np.dtype(f"{code}{info(x.dtype).bits // 8}")
+        if xp.isdtype(dtype, kind):
+            found = np.dtype(f"{code}{info(dtype).bits // 8}")
             # a float that numpy has no type for (bfloat16: float16's size, not its format) is refused
-            if code == "f" and info(x.dtype).eps != np.finfo(dtype).eps:
+            if code == "f" and info(dtype).eps != np.finfo(found).eps:
                 break
-            return dtype
+            return found
     return np.dtype(np.void)  # not a numpy number: refused by Network.check_rows
 
 
@@ -146,6 +152,60 @@ def block_bounds(total: int, parts: int) -> np.ndarray:
     sizes = np.full(parts, q, dtype=np.int64)
     sizes[:r] += 1
     return np.concatenate([[0], np.cumsum(sizes)])
+
+
+@functools.lru_cache(maxsize=4096)
+def hop_runs(
+    n: int, lo: int, chunk_ids: bytes, bounds: bytes, d: int
+) -> tuple[tuple[tuple[int, int, int, int], ...], np.ndarray]:
+    """The hops of one ring step within a rank as runs, for :meth:`Network._local_hops`.
+
+    Client ``lo + k`` sends chunk ``chunk_ids[k]`` (int64 bytes) of the ``bounds`` (int64 bytes) to
+    client ``lo + k + 1 (mod n)``, both rows of one rank's ``(rows, d)`` buffer. A run is hops that
+    move adjacent chunks of one size along consecutive rows: ``(hops, size, receiver's first
+    element, sender's first element)``, offsets in elements of the buffer, each next hop ``d +
+    size`` further. Also returns the hops' chunk sizes. Cached: a ring repeats the same steps
+    every round.
+
+    >>> hop_runs(3, 0, np.array([0, 1, 2]).tobytes(), block_bounds(6, 3).tobytes(), 6)[0]
+    ((2, 2, 6, 0), (1, 2, 4, 16))
+    """
+    chunks, edges = np.frombuffer(chunk_ids, np.int64), np.frombuffer(bounds, np.int64)
+    senders = np.arange(lo, lo + len(chunks))
+    starts, sizes = edges[chunks], edges[chunks + 1] - edges[chunks]
+    receivers = (senders + 1) % n - lo
+    goes_on = (np.diff(starts) == sizes[:-1]) & (np.diff(sizes) == 0) & (np.diff(receivers) == 1)
+    firsts = np.flatnonzero(np.concatenate([[True], ~goes_on])).tolist()
+    runs = tuple(
+        (b - a, int(sizes[a]), int(receivers[a]) * d + int(starts[a]), int(senders[a] - lo) * d + int(starts[a]))
+        for a, b in zip(firsts, [*firsts[1:], len(senders)])
+        if sizes[a]
+    )
+    sizes.flags.writeable = False
+    return runs, sizes
+
+
+@functools.lru_cache(maxsize=256)
+def owned_runs(n: int, bounds: bytes, d: int) -> tuple[tuple[int, int, int, int], ...]:
+    """The chunks that clients ``1 .. n-1`` own after a ring's reduce-scatter (client ``i``: chunk
+    ``(i + 1) mod n``), as runs of copies into the same chunks of row 0, for
+    :meth:`Network.spread_owned`: ``(chunks, size, first element in row 0, first element of the
+    owner)`` in elements of an ``(n, d)`` buffer; the owners' next chunk is ``d + size`` further.
+
+    >>> owned_runs(4, block_bounds(6, 4).tobytes(), 6)
+    ((2, 1, 4, 10), (1, 2, 0, 18))
+    """
+    edges = np.frombuffer(bounds, np.int64)
+    owners = np.arange(1, n)
+    chunks = (owners + 1) % n
+    starts, sizes = edges[chunks], edges[chunks + 1] - edges[chunks]
+    goes_on = (np.diff(starts) == sizes[:-1]) & (np.diff(sizes) == 0)
+    firsts = np.flatnonzero(np.concatenate([[True], ~goes_on])).tolist()
+    return tuple(
+        (b - a, int(sizes[a]), int(starts[a]), int(owners[a]) * d + int(starts[a]))
+        for a, b in zip(firsts, [*firsts[1:], len(owners)])
+        if sizes[a]
+    )
 
 
 def first_problem(comm: MPI.Comm, problem: str | None, values=()) -> tuple[tuple[int, str] | None, np.ndarray]:
@@ -627,31 +687,48 @@ class Network:
 
     def _local_hops(self, rows, bounds: np.ndarray, chunk_of: Callable, summing: bool, phase: str) -> None:
         """The hops of :meth:`ring_step` between clients of this rank, one strided operation per run
-        of hops that move adjacent chunks of one size along consecutive rows (a handful for a
-        rotation over ``array_split`` bounds) instead of one per hop, for speed. Each element gets
-        the same operation on the same operands as in the loop: the same bits. The runs are views
-        (:func:`fedring.arrays.strided`) of the buffer of ``rows`` (C-contiguous, as
+        of hops that move adjacent chunks of one size along consecutive rows (:func:`hop_runs`: a
+        handful for a rotation over ``array_split`` bounds) instead of one per hop, for speed. Each
+        element gets the same operation on the same operands as in the loop: the same bits. The
+        runs are views (:func:`fedring.arrays.strided`) of the buffer of ``rows`` (C-contiguous, as
         :meth:`check_rows` requires), on the rows' device."""
         lay, n = self.layout, self.n_clients
         senders = np.arange(lay.lo, lay.hi - (lay.size > 1))
         if not len(senders):
             return
-        chunks = np.asarray(chunk_of(senders))
-        starts, sizes = bounds[chunks], bounds[chunks + 1] - bounds[chunks]
-        receivers = (senders + 1) % n - lay.lo
-        goes_on = (np.diff(starts) == sizes[:-1]) & (np.diff(sizes) == 0) & (np.diff(receivers) == 1)
-        firsts = np.flatnonzero(np.concatenate([[True], ~goes_on]))
         d = rows.shape[1]
-        for a, b in zip(firsts.tolist(), [*firsts[1:].tolist(), len(senders)]):
-            size, start = int(sizes[a]), int(starts[a])
-            strides = (d + size, 1)  # the next row's next chunk
-            mine = strided(rows, (b - a, size), int(receivers[a]) * d + start, strides)
-            theirs = strided(rows, (b - a, size), int(senders[a] - lay.lo) * d + start, strides)
+        chunks = np.asarray(chunk_of(senders), np.int64)
+        runs, sizes = hop_runs(n, lay.lo, chunks.tobytes(), np.asarray(bounds, np.int64).tobytes(), d)
+        for count, size, to, start in runs:
+            mine = strided(rows, (count, size), to, (d + size, 1))  # the next row's next chunk
+            theirs = strided(rows, (count, size), start, (d + size, 1))
             if summing:
                 mine += theirs
             else:
                 mine[...] = theirs
         self.ledger.add_many(senders, phase, sizes * host_dtype(rows).itemsize)
+
+    @_timed
+    def spread_owned(self, rows, bounds: np.ndarray, phase: str) -> None:
+        """The all-gather of :mod:`fedring.comm.ring` on a rank that hosts every client, in place:
+        client ``i`` owns chunk ``(i + 1) mod n``, and afterwards every row holds every owner's chunk.
+
+        The ring's ``n - 1`` steps would copy each chunk from row to row; on one rank the result is
+        the same copies of the same values done at once: the owned chunks into row 0 (a few strided
+        copies, :func:`owned_runs`), then row 0 into every other row. The ledger books each client's
+        bytes of the ``n - 1`` steps: every chunk but ``(i + 2) mod n``."""
+        lay, n = self.layout, self.n_clients
+        if lay.size != 1:
+            raise ValueError("spread_owned needs every client on this rank; the ring's all_gather steps otherwise")
+        if n == 1:
+            return
+        d = rows.shape[1]
+        bounds = np.asarray(bounds, np.int64)
+        for count, size, to, start in owned_runs(n, bounds.tobytes(), d):
+            strided(rows, (count, size), to, (size, 1))[...] = strided(rows, (count, size), start, (d + size, 1))
+        rows[1:] = rows[0]
+        sizes = np.diff(bounds)
+        self.ledger.add_many(np.arange(n), phase, (d - np.roll(sizes, -2)) * host_dtype(rows).itemsize)
 
     @_timed
     def gather_to_server(self, local, phase: str, clients: np.ndarray | None = None):
