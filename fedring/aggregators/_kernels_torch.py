@@ -1,11 +1,14 @@
 """The kernels of :mod:`._kernels` on torch tensors, on the tensor's own device.
 
-Imported by ``_kernels`` only when a tensor arrives (the host path never imports torch). Each
-kernel follows its numpy twin's numerical scheme, so a rule's small n x n logic sees the same
-quantities: products in X's dtype on pivot-centred column blocks, sums across blocks in
-float64, integer-exact sign products. Blocks are sized from :data:`DEVICE_BYTES`, so the extra
-device memory is O(n x block), never a copy of X. The small results (Gram matrices, row
-statistics, row quantiles) come back to the host as the numpy arrays the numpy kernels return.
+Imported by ``_kernels`` only when a tensor arrives (the host path never imports torch). The
+kernels compute the quantities of their numpy twins, so a rule's small n x n logic is written
+once, by one scheme: products in X's dtype on column blocks (pivot-centred for the Gram
+matrix), sums across blocks in float64, integer-exact sign products. Where numpy's scheme
+differs (its row norms square float64 copies of each block; its scaled mean sums row after
+row) the results agree within the tolerances of docs/arrays.md, "Rules on the device". Blocks
+are sized from :data:`DEVICE_BYTES`, so the extra device memory is a few blocks, whatever the
+size of X. The small results (Gram matrices, row statistics, row quantiles) come back to the
+host as the numpy arrays the numpy kernels return.
 
 Float32 products here are full float32: TF32, which would round their inputs to 10 mantissa
 bits, is off by default for matmul (``torch.backends.cuda.matmul.allow_tf32``) and fedring
@@ -22,7 +25,8 @@ import torch
 from . import _blocks as host
 from ._blocks import Gram, block_width, blocks
 
-DEVICE_BYTES = 32 << 20  # working block of a pass on a device (a few such temporaries live at once)
+DEVICE_BYTES = 256 << 20  # working block of a pass on a device (a few such temporaries live at once):
+# large, because each block is a few kernel launches and a launch costs as much as moving megabytes
 
 
 def _width(X: torch.Tensor, rows: int | None = None) -> int:
@@ -58,6 +62,28 @@ def pivot_row(X: torch.Tensor, chunks: int = 16, width: int = 128) -> int:
     return host.pivot_row(_numpy(sample), chunks, width)  # d = chunks x width: the whole sample, as the host
 
 
+#: columns of each product in :func:`products`
+SPLIT = 8192
+
+
+def products(B: torch.Tensor) -> torch.Tensor:
+    """``B @ B.T`` in float64, from float32 products of ``SPLIT`` columns at a time summed in float64.
+
+    With a few rows and a great many columns, one matrix product has a small output to spread
+    over a GPU's cores; as a batch of products over column slices (a split over the shared
+    dimension) it has many, and each partial sum is shorter."""
+    m, w = B.shape
+    c = w // SPLIT
+    out = torch.zeros((m, m), dtype=torch.float64, device=B.device)
+    if c:
+        P = B[:, : c * SPLIT].unflatten(1, (c, SPLIT)).transpose(0, 1)  # (c, m, SPLIT) views of B
+        out += torch.bmm(P, P.transpose(1, 2)).double().sum(dim=0)
+    if c * SPLIT < w:
+        rest = B[:, c * SPLIT :]
+        out += (rest @ rest.T).double()
+    return out
+
+
 def gram(X: torch.Tensor, extra=None) -> Gram:
     """The Gram pass of :func:`._kernels.gram` on X's device; C, h and pp come back in float64 numpy."""
     n, d = X.shape
@@ -76,7 +102,7 @@ def gram(X: torch.Tensor, extra=None) -> Gram:
         torch.sub(X[:, sl], piv, out=B[:n])
         if ext is not None:
             B[n:] = ext[:, sl] - piv  # in the promoted dtype, then rounded to X's (numpy's casting="unsafe")
-        C += (B @ B.T).double()  # full float32 products: TF32 stays off (module docstring)
+        C += products(B)  # full float32 products: TF32 stays off (module docstring)
         h += (B @ piv).double()
         pp += torch.dot(piv, piv).double()
     Cn = _numpy(C)
@@ -94,34 +120,49 @@ def combine(w, X: torch.Tensor, extra=None) -> torch.Tensor:
 
 
 def scaled_mean(X: torch.Tensor, scale: np.ndarray) -> torch.Tensor:
-    """The mean of the rows, each multiplied by ``scale`` in X's dtype, by column blocks (no scaled copy)."""
-    sc = small(scale[:, None], X)
-    out = torch.empty(X.shape[1], dtype=X.dtype, device=X.device)
-    for sl in blocks(X.shape[1], _width(X)):
-        torch.mean(X[:, sl] * sc, dim=0, out=out[sl])
-    return out
+    """The mean of the rows, each multiplied by ``scale``: one product ``(scale / n) @ X`` in X's
+    dtype (:func:`combine`), a single pass with no scaled copy."""
+    return combine(np.asarray(scale, dtype=np.float64) / X.shape[0], X)
 
 
 def nonfinite_rows(X: torch.Tensor) -> np.ndarray:
-    n, d = X.shape
-    bad = torch.zeros(n, dtype=torch.bool, device=X.device)
-    for sl in blocks(d, _width(X)):
-        bad |= ~torch.isfinite(X[:, sl]).all(dim=1)
-    return _numpy(bad)
+    """As numpy's :func:`._kernels.nonfinite_rows`: a row's sum is finite exactly when its values
+    are, unless finite values overflow it, so one reduction of the rows (no mask of X) finds the
+    suspects, and only those are checked value by value."""
+    sums = _numpy(X.sum(dim=1))
+    bad = np.zeros(X.shape[0], bool)
+    for i in np.flatnonzero(~np.isfinite(sums)).tolist():
+        bad[i] = not bool(torch.isfinite(X[i]).all())
+    return bad
 
 
 def row_stats(X: torch.Tensor, R=None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The squared row norms and dots of :func:`._kernels.row_stats` by the scheme of :func:`gram`:
+    per column block, each row's norm (one reduction, no copy of the block) and its products with R
+    in X's dtype, summed across blocks in float64; numpy squares a float64 copy of each block,
+    which on a device would move three times the bytes of the pass.
+
+    A row whose float32 squares or products overflow (entries beyond about 1e19, a Byzantine
+    upload's) is taken again from a float64 copy of that row alone, so that it gets numpy's finite
+    figures; a row holding NaN or an infinity stays non-finite either way."""
     n, d = X.shape
-    Rt = None if R is None else _on(R, X)
+    Rt = None if R is None else _on(R, X).to(X.dtype)
     k = 0 if Rt is None else Rt.shape[0]
     sq = torch.zeros(n, dtype=torch.float64, device=X.device)
     dots = torch.zeros((n, k), dtype=torch.float64, device=X.device)
-    for sl in blocks(d, min(d, block_width(n + k, 8, DEVICE_BYTES))):
-        B = X[:, sl].double()
-        sq += (B * B).sum(dim=1)
+    for sl in blocks(d, _width(X, n + k)):
+        B = X[:, sl]
+        sq += torch.linalg.vector_norm(B, dim=1).double() ** 2
         if Rt is not None:
-            dots += B @ Rt[:, sl].double().T
-    return _numpy(sq), (_numpy(dots) if k else None)
+            dots += (B @ Rt[:, sl].T).double()
+    sq_h, dots_h = _numpy(sq), _numpy(dots)
+    again = np.flatnonzero(~np.isfinite(sq_h) | ~np.isfinite(dots_h).all(axis=1))
+    for i in again.tolist():
+        row = X[i].double()
+        sq_h[i] = float(torch.dot(row, row))
+        if Rt is not None:
+            dots_h[i] = _numpy(Rt.double() @ row)
+    return sq_h, (dots_h if k else None)
 
 
 def for_sorted_columns(X: torch.Tensor, fn: Callable, scale: np.ndarray | None = None) -> None:
@@ -164,7 +205,7 @@ def sign_gram(X: torch.Tensor) -> np.ndarray:
     acc = torch.zeros((n, n), dtype=torch.int64, device=X.device)
     for sl in blocks(d, min(d, block_width(n, 4, DEVICE_BYTES), 1 << 24)):
         S = torch.sign(X[:, sl]).float()
-        acc += torch.round(S @ S.T).long()
+        acc += torch.round(products(S)).long()
     return _numpy(acc)
 
 

@@ -90,6 +90,11 @@ def pinned(nbytes: int) -> np.ndarray:
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
 
 
+def split_flat(vec: torch.Tensor, params: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The parts of the flat ``vec`` that hold each of ``params``, in order (views)."""
+    return torch.split(vec, [p.numel() for p in params])
+
+
 class Staging:
     """The flat float32 vectors of a client's update, and their way between host memory and a
     model's parameters on ``device``.
@@ -162,12 +167,9 @@ class Staging:
             self.host.numpy()[:] = vec
             self.flat.copy_(self.host)  # synchronous: the next load may overwrite the host buffer at once
             vec = self.flat
-        with torch.no_grad():  # copies: the parameters must not alias the vector
-            k = 0
-            for p in model.parameters():
-                m = p.numel()
-                p.copy_(vec[k : k + m].view_as(p))
-                k += m
+        params: list[torch.Tensor] = list(model.parameters())
+        with torch.no_grad():  # copies, all in one call: the parameters must not alias the vector
+            torch._foreach_copy_(params, [part.view_as(p) for part, p in zip(split_flat(vec, params), params)])
 
     def grad_into(self, model: nn.Module, out: Vector) -> None:
         """The gradients into ``out`` (float32, length d): a host array, or a vector of this path's kind;
@@ -176,12 +178,9 @@ class Staging:
             flat_grad_into(model, out)
             return
         flat = self.flat if isinstance(out, np.ndarray) else out
-        with torch.no_grad():
-            k = 0
-            for p in model.parameters():
-                m = p.numel()
-                assert p.grad is not None, "grad_into after a backward pass"
-                flat[k : k + m].copy_(p.grad.reshape(-1))
-                k += m
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert len(grads) == len(list(model.parameters())), "grad_into after a backward pass"
+        with torch.no_grad():  # one concatenation into the row, not a copy per parameter
+            torch.cat([g.reshape(-1) for g in grads], out=flat)
         if isinstance(out, np.ndarray):
             self.upload(flat, out)
