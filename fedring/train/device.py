@@ -90,11 +90,6 @@ def pinned(nbytes: int) -> np.ndarray:
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
 
 
-def split_flat(vec: torch.Tensor, params: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """The parts of the flat ``vec`` that hold each of ``params``, in order (views)."""
-    return torch.split(vec, [p.numel() for p in params])
-
-
 class Staging:
     """The flat float32 vectors of a client's update, and their way between host memory and a
     model's parameters on ``device``.
@@ -169,7 +164,8 @@ class Staging:
             vec = self.flat
         params: list[torch.Tensor] = list(model.parameters())
         with torch.no_grad():  # copies, all in one call: the parameters must not alias the vector
-            torch._foreach_copy_(params, [part.view_as(p) for part, p in zip(split_flat(vec, params), params)])
+            parts = torch.split(vec, [p.numel() for p in params])
+            torch._foreach_copy_(params, [part.view_as(p) for part, p in zip(parts, params)])
 
     def grad_into(self, model: nn.Module, out: Vector) -> None:
         """The gradients into ``out`` (float32, length d): a host array, or a vector of this path's kind;
