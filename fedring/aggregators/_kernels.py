@@ -229,6 +229,26 @@ def gram(X: np.ndarray, extra: np.ndarray | None = None) -> Gram:
     return Gram(C, sum(h for _, h, _ in parts), sum(pp for _, _, pp in parts))
 
 
+def sqdist_to(X, v=None, idx: int | None = None) -> np.ndarray:
+    """(n,) float64 squared distances from the rows of X to the vector ``v`` (d,), or to row ``idx``.
+
+    On the host, those of the Gram pass (:func:`gram`), its bits: ``gram(X, v[None]).sqdist()[n, :n]``
+    or ``gram(X).sqdist()[idx]``. On a tensor's device, from the differences themselves, one
+    blocked pass with no n x n products (docs/arrays.md, "Rules on the device").
+
+    >>> sqdist_to(np.array([[0.0, 0.0], [3.0, 4.0]]), idx=1).tolist()
+    [25.0, 0.0]
+    """
+    if (v is None) == (idx is None):
+        raise ValueError("sqdist_to takes a vector v or a row idx, not both or neither")
+    if is_torch_array(X):
+        return _torch().sqdist_to(X, v, idx)
+    n = X.shape[0]
+    if idx is None:
+        return gram(X, np.asarray(v)[None, :]).sqdist()[n, :n]
+    return gram(X).sqdist()[idx]
+
+
 def combine(w: np.ndarray, X: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
     """``w @ [X; extra]`` in X's dtype (w: (m,) or (k, m)), one parallel BLAS pass."""
     if is_torch_array(X):

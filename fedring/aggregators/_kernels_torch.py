@@ -109,6 +109,25 @@ def gram(X: torch.Tensor, extra=None) -> Gram:
     return Gram(0.5 * (Cn + Cn.T), _numpy(h), float(pp))
 
 
+def sqdist_to(X: torch.Tensor, v=None, idx: int | None = None) -> np.ndarray:
+    """:func:`._kernels.sqdist_to` from the differences: per column block, each row's norm of
+    ``row - target`` in X's dtype, squared and summed across blocks in float64 (a row whose float32
+    squares overflow, taken again in float64 as in :func:`row_stats`). No n x n products: the Gram
+    pass would spend n times the arithmetic for one row of its distances."""
+    n, d = X.shape
+    target = X[idx] if v is None else _on(v, X).to(X.dtype)
+    d2 = torch.zeros(n, dtype=torch.float64, device=X.device)
+    for sl in blocks(d, _width(X, 2 * n)):
+        d2 += torch.linalg.vector_norm(X[:, sl] - target[sl], dim=1).double() ** 2
+    out = _numpy(d2)
+    for i in np.flatnonzero(~np.isfinite(out)).tolist():
+        diff = X[i].double() - target.double()
+        out[i] = float(torch.dot(diff, diff))
+    if idx is not None:
+        out[idx] = 0.0
+    return out
+
+
 def combine(w, X: torch.Tensor, extra=None) -> torch.Tensor:
     """``w @ [X; extra]`` in X's dtype on X's device (w: (m,) or (k, m) host coefficients)."""
     n = X.shape[0]

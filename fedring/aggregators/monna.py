@@ -9,7 +9,7 @@ import numpy as np
 
 from fedring.validate import integer
 
-from ._kernels import combine, gram, zero_row
+from ._kernels import combine, sqdist_to, zero_row
 from .base import AggregateResult, Aggregator, register
 
 
@@ -72,10 +72,7 @@ class MoNNA(Aggregator):
 
     def _aggregate(self, X, state, reference, rng):
         n = X.shape[0]
-        if self.idx is None:
-            d2 = gram(X, reference[None, :]).sqdist()[n, :n]
-        else:
-            d2 = gram(X).sqdist()[self.idx]
+        d2 = sqdist_to(X, reference) if self.idx is None else sqdist_to(X, idx=self.idx)
         near = np.argsort(d2, kind="stable")[: n - self.f]
         selected = np.zeros(n)
         selected[near] = 1.0
