@@ -174,9 +174,9 @@ class Staging:
             flat_grad_into(model, out)
             return
         flat = self.flat if isinstance(out, np.ndarray) else out
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        assert len(grads) == len(list(model.parameters())), "grad_into after a backward pass"
+        grads = [p.grad for p in model.parameters()]
+        assert all(g is not None for g in grads), "grad_into after a backward pass"
         with torch.no_grad():  # one concatenation into the row, not a copy per parameter
-            torch.cat([g.reshape(-1) for g in grads], out=flat)
+            torch.cat([g.reshape(-1) for g in grads if g is not None], out=flat)
         if isinstance(out, np.ndarray):
             self.upload(flat, out)
