@@ -105,13 +105,13 @@ from fedring.errors import ConfigError
 from fedring.rng import Stream, generator
 from fedring.validate import choice, integer, known_keys, real
 
-from .network import Layout, Network, block_bounds, host_dtype
+from .network import Network, block_bounds, host_dtype
 from .ring import (
     RING_RULES,
     Aggregation,
     RingRule,
     all_gather,
-    owned_chunk,
+    owned_runs,
     reduce_scatter,
     rotation,
 )
@@ -369,25 +369,6 @@ class RelayCounts:
         comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
         n = len(self.detections)
         return RelayCounts(flat[:n], *(int(v) for v in flat[n:]))
-
-
-def owned_runs(layout: Layout, bounds: np.ndarray) -> list[tuple[int, int, int]]:
-    """The chunks this rank's clients own after Share-Reduce, as runs ``(row, chunk, rows)``: local rows
-    ``row .. row + rows - 1`` own the consecutive chunks ``chunk ..``, all of one nonzero size, so that
-    each run is one strided view of the rows (:func:`fedring.arrays.strided`).
-
-    >>> owned_runs(Layout(4, MPI.COMM_SELF), block_bounds(10, 4))  # chunk sizes 3, 3, 2, 2
-    [(0, 1, 1), (1, 2, 2), (3, 0, 1)]
-    """
-    n, sizes = len(bounds) - 1, np.diff(bounds)
-    runs: list[list[int]] = []
-    for k, i in enumerate(layout.local_clients):
-        c = owned_chunk(i, n)
-        if runs and c == runs[-1][1] + runs[-1][2] and sizes[c] == sizes[runs[-1][1]]:
-            runs[-1][2] += 1
-        else:
-            runs.append([k, c, 1])
-    return [(k, c, m) for k, c, m in runs if sizes[c]]
 
 
 class SignRule(RingRule):

@@ -185,29 +185,6 @@ def hop_runs(
     return runs, sizes
 
 
-@functools.lru_cache(maxsize=256)
-def owned_runs(n: int, bounds: bytes, d: int) -> tuple[tuple[int, int, int, int], ...]:
-    """The chunks that clients ``1 .. n-1`` own after a ring's reduce-scatter (client ``i``: chunk
-    ``(i + 1) mod n``), as runs of copies into the same chunks of row 0, for
-    :meth:`Network.spread_owned`: ``(chunks, size, first element in row 0, first element of the
-    owner)`` in elements of an ``(n, d)`` buffer; the owners' next chunk is ``d + size`` further.
-
-    >>> owned_runs(4, block_bounds(6, 4).tobytes(), 6)
-    ((2, 1, 4, 10), (1, 2, 0, 18))
-    """
-    edges = np.frombuffer(bounds, np.int64)
-    owners = np.arange(1, n)
-    chunks = (owners + 1) % n
-    starts, sizes = edges[chunks], edges[chunks + 1] - edges[chunks]
-    goes_on = (np.diff(starts) == sizes[:-1]) & (np.diff(sizes) == 0)
-    firsts = np.flatnonzero(np.concatenate([[True], ~goes_on])).tolist()
-    return tuple(
-        (b - a, int(sizes[a]), int(starts[a]), int(owners[a]) * d + int(starts[a]))
-        for a, b in zip(firsts, [*firsts[1:], len(owners)])
-        if sizes[a]
-    )
-
-
 def first_problem(comm: MPI.Comm, problem: str | None, values=()) -> tuple[tuple[int, str] | None, np.ndarray]:
     """Collective, one small all-reduce: how the ranks agree on an error.
 
@@ -709,23 +686,27 @@ class Network:
         self.ledger.add_many(senders, phase, sizes * host_dtype(rows).itemsize)
 
     @_timed
-    def spread_owned(self, rows, bounds: np.ndarray, phase: str) -> None:
+    def spread_owned(self, rows, bounds: np.ndarray, runs: list[tuple[int, int, int]], phase: str) -> None:
         """The all-gather of :mod:`fedring.comm.ring` on a rank that hosts every client, in place:
-        client ``i`` owns chunk ``(i + 1) mod n``, and afterwards every row holds every owner's chunk.
+        client ``i`` owns chunk ``(i + 1) mod n`` (``runs``: :func:`fedring.comm.ring.owned_runs`), and
+        afterwards every row holds every owner's chunk.
 
         The ring's ``n - 1`` steps would copy each chunk from row to row; on one rank the result is
-        the same copies of the same values done at once: the owned chunks into row 0 (a few strided
-        copies, :func:`owned_runs`), then row 0 into every other row. The ledger books each client's
-        bytes of the ``n - 1`` steps: every chunk but ``(i + 2) mod n``."""
+        the same copies of the same values done at once: the owned chunks into row 0 (one strided
+        copy per run), then row 0 into every other row. The ledger books each client's bytes of the
+        ``n - 1`` steps: every chunk but ``(i + 2) mod n``."""
         lay, n = self.layout, self.n_clients
         if lay.size != 1:
             raise ValueError("spread_owned needs every client on this rank; the ring's all_gather steps otherwise")
         if n == 1:
             return
         d = rows.shape[1]
-        bounds = np.asarray(bounds, np.int64)
-        for count, size, to, start in owned_runs(n, bounds.tobytes(), d):
-            strided(rows, (count, size), to, (size, 1))[...] = strided(rows, (count, size), start, (d + size, 1))
+        for k, c, m in runs:
+            if k == 0:  # row 0's own chunk is in place already
+                k, c, m = 1, c + 1, m - 1
+            if m:
+                size, start = int(bounds[c + 1] - bounds[c]), int(bounds[c])
+                strided(rows, (m, size), start, (size, 1))[...] = strided(rows, (m, size), k * d + start, (d + size, 1))
         rows[1:] = rows[0]
         sizes = np.diff(bounds)
         self.ledger.add_many(np.arange(n), phase, (d - np.roll(sizes, -2)) * host_dtype(rows).itemsize)

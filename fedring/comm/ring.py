@@ -34,7 +34,7 @@ import numpy as np
 from fedring.arrays import like
 from fedring.registry import Registry
 
-from .network import Network, add, block_bounds
+from .network import Layout, Network, add, block_bounds
 
 #: the rules that aggregate over the ring (``--topology ring --aggregator NAME``)
 RING_RULES = Registry("ring rule")
@@ -75,7 +75,7 @@ def all_gather(
     if check:
         net.check_rows(rows)
     if ahead is None and net.layout.size == 1:  # the same copies at once (:meth:`Network.spread_owned`)
-        net.spread_owned(rows, bounds, phase)
+        net.spread_owned(rows, bounds, owned_runs(net.layout, bounds), phase)
         return
     n = net.n_clients
     for s in range(n - 1):
@@ -85,6 +85,26 @@ def all_gather(
 def owned_chunk(client: int, n: int) -> int:
     """The chunk a client holds complete after reduce-scatter."""
     return (client + 1) % n
+
+
+def owned_runs(layout: Layout, bounds: np.ndarray) -> list[tuple[int, int, int]]:
+    """The chunks this rank's clients own after Share-Reduce, as runs ``(row, chunk, rows)``: local rows
+    ``row .. row + rows - 1`` own the consecutive chunks ``chunk ..``, all of one nonzero size, so that
+    each run is one strided view of the rows (:func:`fedring.arrays.strided`).
+
+    >>> from mpi4py import MPI
+    >>> owned_runs(Layout(4, MPI.COMM_SELF), block_bounds(10, 4))  # chunk sizes 3, 3, 2, 2
+    [(0, 1, 1), (1, 2, 2), (3, 0, 1)]
+    """
+    n, sizes = len(bounds) - 1, np.diff(bounds)
+    runs: list[list[int]] = []
+    for k, i in enumerate(layout.local_clients):
+        c = owned_chunk(i, n)
+        if runs and c == runs[-1][1] + runs[-1][2] and sizes[c] == sizes[runs[-1][1]]:
+            runs[-1][2] += 1
+        else:
+            runs.append([k, c, 1])
+    return [(k, c, m) for k, c, m in runs if sizes[c]]
 
 
 def ring_allreduce(net: Network, rows):
