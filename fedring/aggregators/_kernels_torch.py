@@ -117,7 +117,7 @@ def sqdist_to(X: torch.Tensor, v=None, idx: int | None = None) -> np.ndarray:
     n, d = X.shape
     target = X[idx] if v is None else _on(v, X).to(X.dtype)
     d2 = torch.zeros(n, dtype=torch.float64, device=X.device)
-    for sl in blocks(d, _width(X, 2 * n)):
+    for sl in blocks(d, _width(X)):  # one (n, block) difference at a time
         d2 += torch.linalg.vector_norm(X[:, sl] - target[sl], dim=1).double() ** 2
     out = _numpy(d2)
     for i in np.flatnonzero(~np.isfinite(out)).tolist():
