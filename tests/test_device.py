@@ -168,6 +168,29 @@ def test_device_rows_checkpoint_and_resume(tmp_path):
     assert torch.equal(whole.clients.state["m"], resumed.clients.state["m"])
 
 
+def test_device_rule_state_checkpoint_and_resume(tmp_path):
+    """cclip's center lives on the rows' device from its first round; a checkpoint stores a host
+    copy, and a resumed run moves it back and continues bit for bit the uninterrupted 4 rounds."""
+    settings = dict(topology="server", aggregator="cclip", rounds=4, out=str(tmp_path / "run.h5"))
+    whole, first = trainer(host_path=False, **settings), trainer(host_path=False, **settings)
+    for t in range(2):
+        train_round(whole, t), train_round(first, t)
+    center = first.topology.state["center"]
+    assert isinstance(center, torch.Tensor) and center.dtype == torch.float64 and center.abs().sum() > 0
+    results = ResultsFile(settings["out"], {})
+    results.write_checkpoint(first.checkpoint(), {})
+    results.h5.close()
+    with h5py.File(settings["out"]) as f:
+        found = read_checkpoint(f, PER_RANK)
+    assert found is not None and np.array_equal(found[0]["state_center"], center.numpy())
+    resumed = trainer(host_path=False, **settings)
+    resumed.restore(found[0])
+    for t in range(2, 4):
+        train_round(whole, t), train_round(resumed, t)
+    assert np.array_equal(whole.replica.w.view(np.uint32), resumed.replica.w.view(np.uint32))
+    assert torch.equal(whole.topology.state["center"], resumed.topology.state["center"])
+
+
 def test_bench_train_times_the_same_steps_as_the_bare_loop(fedring_cli, tmp_path):
     """Both loops end at the same model (float32 sums of 3 gradients in another order: a few ulps of
     weights below 1 per round, so 1e-6 after 3 rounds), and the printed ratio is the timed one."""

@@ -99,9 +99,14 @@ def test_rule_on_tensor_matches_numpy(name, n):
     for r_np, r_t, s_np, s_t in run_both(a, b, X):
         assert_same_result(name, X, r_np, r_t, exact)
         assert s_t.keys() == s_np.keys()
-        for key in s_np:  # the state stays numpy (checkpointed)
-            assert isinstance(s_t[key], np.ndarray) and s_t[key].dtype == s_np[key].dtype
-            np.testing.assert_allclose(s_t[key], s_np[key], rtol=0, atol=2 * n * U32 * float(np.abs(X).max()))
+        for key in s_np:  # numpy, or (the center of cclip) a tensor of the same dtype on the rows' device
+            if name == "cclip":
+                assert isinstance(s_t[key], torch.Tensor) and s_t[key].dtype == torch.float64
+            else:
+                assert isinstance(s_t[key], np.ndarray) and s_t[key].dtype == s_np[key].dtype
+            np.testing.assert_allclose(
+                np.asarray(s_t[key]), s_np[key], rtol=0, atol=2 * n * U32 * float(np.abs(X).max())
+            )
 
 
 @pytest.mark.parametrize("pre", sorted(PRE_AGGREGATORS))
@@ -114,6 +119,21 @@ def test_pipeline_on_tensor_matches_numpy(pre, name):
         # krum and median copy a pre-aggregated row, which the pre-aggregator's products rounded, or
         # scaled by factors from the row norms, which the two paths sum in different orders
         assert_same_result(b.name, X, r_np, r_t, exact=pre == "bucketing" and name == "median")
+
+
+@pytest.mark.parametrize("bucketing", ["none", "random", "sequential"])
+def test_cclip_on_tensor_matches_numpy(bucketing, blocks):
+    """Centered clipping's device path (distances from the differences to each iterate; the bucket
+    means made once) against the host's Gram pass, over three rounds from a center that moves, with
+    a radius that clips some rows and not others (``selected`` strictly between 0 and 1 for them)."""
+    X = rows(11, seed=7)
+    a, b = (make_aggregator("cclip", 2, {"tau": 60.0, "bucketing": bucketing}) for _ in range(2))
+    clipped = False
+    for r_np, r_t, s_np, s_t in run_both(a, b, X, rounds=3):
+        assert_same_result("cclip", X, r_np, r_t, exact=False)
+        clipped |= bool(((r_np.selected > 0) & (r_np.selected < 1)).any() and (r_np.selected == 1).any())
+        np.testing.assert_allclose(s_t["center"].numpy(), s_np["center"], rtol=0, atol=2 * 11 * U32 * np.abs(X).max())
+    assert clipped
 
 
 @pytest.mark.parametrize("name", ["median", "trimmed_mean", "bulyan", "multikrum", "cclip", "fedseca", "ties", "rlr"])
@@ -134,6 +154,19 @@ def test_nonfinite_rows_on_tensor(name):
     for r_np, r_t, _, _ in run_both(a, b, X, rounds=1):
         np.testing.assert_array_equal(r_t.excluded, [i in (7, 9) for i in range(12)])
         assert_same_result(name, X, r_np, r_t, exact=name in EXACT or not b.on_device)
+
+
+@pytest.mark.parametrize("n", [10, 11])
+def test_bucketing_then_mean_on_tensor(n):
+    """On a device bucketing then the mean is one weighted mean of the rows (an odd n leaves a bucket
+    of one, whose client weighs twice the others); non-finite rows are left out before the draw,
+    so the buckets of the finite rows are those the host draws."""
+    X = rows(n, seed=4)
+    X[3, 7] = np.nan
+    a, b = make_aggregator("mean", 1, {}, pre=["bucketing"]), make_aggregator("mean", 1, {}, pre=["bucketing"])
+    for r_np, r_t, _, _ in run_both(a, b, X):
+        np.testing.assert_array_equal(r_t.excluded, np.arange(n) == 3)
+        assert_same_result(b.name, X, r_np, r_t, exact=False)
 
 
 def test_monna_trusted_client_on_tensor():

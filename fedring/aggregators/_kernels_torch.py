@@ -39,9 +39,11 @@ def _on(a, X: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(a, device=X.device)
 
 
-def small(a: np.ndarray, X: torch.Tensor) -> torch.Tensor:
+def small(a, X: torch.Tensor) -> torch.Tensor:
     """The host array ``a`` in X's dtype on X's device: numpy's ``a.astype(X.dtype)``, cast on the host
-    (half the bytes to move for a float64 ``a`` and float32 rows)."""
+    (half the bytes to move for a float64 ``a`` and float32 rows); a tensor ``a``, cast where it is."""
+    if isinstance(a, torch.Tensor):
+        return a.to(device=X.device, dtype=X.dtype)
     dtype = torch.empty(0, dtype=X.dtype).numpy().dtype
     return torch.as_tensor(np.asarray(a).astype(dtype, copy=False), device=X.device)
 

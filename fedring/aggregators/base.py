@@ -112,7 +112,9 @@ class Aggregator:
     Rows on a device (a torch tensor) stay there when the rule is ``on_device``: its kernels run
     on the rows' device and ``vector`` is a tensor there, in the rows' dtype. A rule that is not
     copies the rows to the host once, runs on numpy and returns its vector on the rows' device.
-    ``selected``, ``excluded`` and the state arrays are numpy either way.
+    ``selected`` and ``excluded`` are numpy either way; the state starts as numpy arrays
+    (``init_state``), and a device rule may move one to the rows' device for good (cclip's
+    center), which a checkpoint then stores as a host copy.
 
     Non-finite input (every rule, the same policy): a row holding NaN or an infinity was
     sent by a Byzantine client (an honest gradient is finite), so it is left out before the
@@ -153,7 +155,8 @@ class Aggregator:
         return None
 
     def init_state(self, n: int, d: int) -> dict[str, np.ndarray]:
-        """Explicit state of stateful rules (numpy arrays only, so a checkpoint can save it)."""
+        """Explicit state of stateful rules: numpy arrays, which a device rule may later keep on its
+        rows' device (a checkpoint stores host copies)."""
         return {}
 
     def reads(self) -> tuple[str, ...]:

@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 
-from fedring.arrays import host_into
+from fedring.arrays import host, like, on_host
 from fedring.validate import choice, integer, real
 
-from ._kernels import combine, gram, small
+from ._kernels import combine, gram, small, sqnorm
 from .base import AggregateResult, Aggregator, register
 
 
@@ -41,7 +41,10 @@ class CenteredClipping(Aggregator):
     starting from the previous bucket's output.
 
     Everything lives in the span of the clients and the previous aggregate, so one Gram pass
-    gives every distance and cosine; only the result is materialised.
+    gives every distance and cosine; only the result is materialised. On a device (rows as a
+    tensor), random bucketing first makes the L bucket means (one product) and takes the Gram
+    pass over those: its arithmetic grows as the square of the rows, so L = n / 2 costs a
+    quarter of n's; on the host the Gram pass of the clients' rows keeps its results' bits.
 
     Parameters
     ----------
@@ -53,7 +56,9 @@ class CenteredClipping(Aggregator):
     bucket_size : int
         S, vectors per bucket (2).
 
-    State: ``center``, the previous aggregate (zeros at the first round).
+    State: ``center``, the previous aggregate in float64 (zeros at the first round). On a device
+    it moves there on the first round and stays, as a float64 tensor (a checkpoint stores a host
+    copy): each round would otherwise move it across the bus, cast on the host, and back.
     selected: each client's last clipping factor min(1, tau / distance) (its bucket's with bucketing).
 
     Example
@@ -83,12 +88,13 @@ class CenteredClipping(Aggregator):
     def _aggregate(self, X, state, reference, rng):
         n = X.shape[0]
         center = state["center"]
-        G = gram(X, center[None, :])
+        if on_host(center) != on_host(X):  # the first round on a device: the center moves there
+            center = state["center"] = host(center) if on_host(X) else like(center, X)
         w = np.zeros(n + 1)
         w[n] = 1.0  # v = previous aggregate
         client_factor = np.ones(n)
         if self.bucketing == "sequential":
-            w = self._sequential(G, n, w, client_factor, rng, float(np.linalg.norm(center)))
+            w = self._sequential(gram(X, center[None, :]), n, w, client_factor, rng, math.sqrt(sqnorm(center)))
         else:
             if self.bucketing == "random":
                 perm = rng.permutation(n)
@@ -98,13 +104,19 @@ class CenteredClipping(Aggregator):
             U = np.zeros((len(buckets), n + 1))
             for b, members in enumerate(buckets):
                 U[b, members] = 1.0 / len(members)
+            rows = X
+            if self.bucketing == "random" and not on_host(X):  # the bucket means, once (class docstring)
+                k = len(buckets)
+                rows, U, w = combine(U[:, :n], X), np.eye(k, k + 1), np.eye(1, k + 1, k)[0]
+            G = gram(rows, center[None, :])
             for _ in range(self.iters):
                 c = _clip_factors(G.dist2_between(U, np.broadcast_to(w, U.shape)), self.tau)
                 w = w * (1.0 - c.mean()) + (c / len(buckets)) @ U
             for b, members in enumerate(buckets):
                 client_factor[members] = c[b]
+            X = rows
         out = combine(w, X, small(center[None, :], X))
-        host_into(out, state["center"])
+        center[...] = out
         return AggregateResult(out, client_factor)
 
     def _sequential(self, G, n, w, client_factor, rng, prev_norm):

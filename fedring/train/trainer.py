@@ -31,6 +31,7 @@ import torch
 from mpi4py import MPI
 
 from fedring.aggregators.probe import OutputLayer
+from fedring.arrays import host
 from fedring.attacks import Backdoor
 from fedring.attacks.base import ModelAccess
 from fedring.comm import Layout, Network
@@ -190,7 +191,8 @@ class Trainer:
         replica = self.replica.checkpoint()
         rows = {f"client_{k}": checkpoint_rows(self.rows_comm, self.layout, v) for k, v in self.clients.state.items()}
         attack = {f"attack_{k}": v for k, v in self.attack_state().items()}
-        return {**replica, **{f"state_{k}": v for k, v in self.topology.state.items()}, **attack, **rows}
+        state = {f"state_{k}": host(v) for k, v in self.topology.state.items()}  # a device rule keeps some there
+        return {**replica, **state, **attack, **rows}
 
     def attack_state(self) -> dict[str, np.ndarray]:
         """What the attack carries between rounds (3DFed's feedback state, on rank 0), else nothing."""
