@@ -99,18 +99,21 @@ def test_ring_over_mpi(tmp_path, ranks, n, d):
 
 HOPS_SCRIPT = """
 import numpy as np
+import torch
 from mpi4py import MPI
 from fedring.comm import Layout, Network, all_gather, block_bounds, reduce_scatter
 
 def idle(k, c):  # an ahead with no work: ring_step takes its hop-by-hop loop
     return ()
 
-def ring(rows, n, bounds, hops_at_once):
+def ring(rows, n, bounds, hops_at_once):  # the owned chunks after reduce-scatter, and the bytes
     net = Network(Layout(n))
     ahead = None if hops_at_once else idle
     reduce_scatter(net, rows, bounds, ahead=ahead)
+    owned = [np.asarray(rows[k, bounds[(i + 1) % n] : bounds[(i + 1) % n + 1]]).tobytes()
+             for k, i in enumerate(net.layout.local_clients)]
     all_gather(net, rows, bounds, ahead=ahead)
-    return {p: net.ledger.phase_bytes(p) for p in ("reduce_scatter", "all_gather")}
+    return owned, {p: net.ledger.phase_bytes(p) for p in ("reduce_scatter", "all_gather")}
 
 checked = 0
 for n in [1, 2, 3, 4, 5, 6, 7, 13, 100]:
@@ -122,10 +125,15 @@ for n in [1, 2, 3, 4, 5, 6, 7, 13, 100]:
         irregular = np.concatenate([[0], np.sort(rng.integers(0, d + 1, n - 1)), [d]])
         floats = rng.standard_normal((n, d)).astype(np.float32)
         counts = rng.integers(-128, 128, (n, d), dtype=np.int8)  # sums wrap alike
-        for X, bounds in [(floats, block_bounds(d, n)), (floats, irregular), (counts, block_bounds(d, n))]:
-            fast, slow = X[lay.lo : lay.hi].copy(), X[lay.lo : lay.hi].copy()
-            fast_bytes, slow_bytes = ring(fast, n, bounds, True), ring(slow, n, bounds, False)
-            assert fast.tobytes() == slow.tobytes(), (n, d, X.dtype, bounds)
+        cases = [(floats, block_bounds(d, n)), (floats, irregular), (counts, block_bounds(d, n))]
+        cases += [(torch.from_numpy(X), bounds) for X, bounds in cases]  # the device path's kernels, on the CPU
+        for X, bounds in cases:
+            fast, slow = (X[lay.lo : lay.hi].clone() if torch.is_tensor(X) else X[lay.lo : lay.hi].copy()
+                          for _ in range(2))
+            (fast_owned, fast_bytes), (slow_owned, slow_bytes) = (ring(fast, n, bounds, True),
+                                                                  ring(slow, n, bounds, False))
+            assert fast_owned == slow_owned, (n, d, X.dtype, bounds)
+            assert np.asarray(fast).tobytes() == np.asarray(slow).tobytes(), (n, d, X.dtype, bounds)
             for phase in fast_bytes:
                 assert np.array_equal(fast_bytes[phase], slow_bytes[phase]), (n, d, phase)
             checked += 1
@@ -136,7 +144,9 @@ if MPI.COMM_WORLD.rank == 0:
 
 @pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.mpi), pytest.param(3, marks=pytest.mark.mpi)])
 def test_hops_at_once_equal_the_hop_by_hop_loop(tmp_path, ranks):
-    """A step's hops within a rank, applied at once, give the loop's rows and byte counts bit for bit."""
+    """A step's hops within a rank, applied at once (on one rank: every step of reduce-scatter at once,
+    ``Network.reduce_owned``, and of all-gather, ``Network.spread_owned``), give the loop's owned
+    chunks, rows and byte counts bit for bit, on numpy and on (CPU) tensors."""
     script = tmp_path / "hops.py"
     script.write_text(HOPS_SCRIPT)
     out = run_mpi(ranks, [str(script)]).stdout

@@ -185,6 +185,40 @@ def hop_runs(
     return runs, sizes
 
 
+@functools.lru_cache(maxsize=64)
+def sum_plan(n: int, bounds: bytes, d: int) -> tuple[tuple[tuple[int, int, int, int], ...], ...]:
+    """The reduce-scatter of ``n`` rows of one buffer as ``n`` steps of column-run additions, for
+    :meth:`Network.reduce_owned`: step ``s`` adds row ``(c + s) mod n`` of every chunk ``c`` (of the
+    ``bounds``, int64 bytes). Each step is pieces ``(chunks, size, first element of the sum,
+    first element of the rows)``: adjacent chunks of one size whose rows do not wrap around, each
+    next chunk ``size`` further in the sum and ``d + size`` further in the rows. Cached: a ring
+    repeats the same steps every round.
+
+    >>> sum_plan(3, block_bounds(7, 3).tobytes(), 7)[1]  # chunk sizes 3, 2, 2
+    ((1, 3, 0, 7), (1, 2, 3, 17), (1, 2, 5, 5))
+    """
+    edges = np.frombuffer(bounds, np.int64)
+    sizes = np.diff(edges)
+    runs, c = [], 0
+    while c < n:  # consecutive chunks of one size
+        e = c + 1
+        while e < n and sizes[e] == sizes[c]:
+            e += 1
+        if sizes[c]:
+            runs.append((c, e))
+        c = e
+    plan = []
+    for s in range(n):
+        pieces = []
+        for a, b in runs:
+            for lo, hi in ((a, min(b, n - s)), (max(a, n - s), b)):  # the rows before and after the wrap
+                if lo < hi:
+                    size = int(sizes[lo])
+                    pieces.append((hi - lo, size, int(edges[lo]), ((lo + s) % n) * d + int(edges[lo])))
+        plan.append(tuple(pieces))
+    return tuple(plan)
+
+
 def first_problem(comm: MPI.Comm, problem: str | None, values=()) -> tuple[tuple[int, str] | None, np.ndarray]:
     """Collective, one small all-reduce: how the ranks agree on an error.
 
@@ -684,6 +718,43 @@ class Network:
             else:
                 mine[...] = theirs
         self.ledger.add_many(senders, phase, sizes * host_dtype(rows).itemsize)
+
+    @_timed
+    def reduce_owned(self, rows, bounds: np.ndarray, runs: list[tuple[int, int, int]], phase: str) -> None:
+        """The reduce-scatter of :mod:`fedring.comm.ring` on a rank that hosts every client, in place:
+        afterwards client ``i`` holds the ring sum of chunk ``(i + 1) mod n`` (``runs``:
+        :func:`fedring.comm.ring.owned_runs`).
+
+        The ring's ``n - 1`` steps add each chunk row after row, starting at the row of its index:
+        chunk ``c`` sums rows ``c, c + 1, ..., c - 1 (mod n)`` in that order. On one rank the same
+        additions, in the same order on the same operands, run for every chunk at once, into one
+        d-vector (:func:`sum_plan`: a few column runs a step, where the ring's hops between rows are
+        twice as many strided views and a step of bookkeeping), whose chunks are then copied to
+        their owners: the same bits. The rows' other chunks are left as they were, not with the
+        ring's partial sums (the ring's contract names only the owned chunks). The ledger books
+        each client's bytes of the ``n - 1`` steps: every chunk but ``(i + 1) mod n``."""
+        lay, n = self.layout, self.n_clients
+        if lay.size != 1:
+            raise ValueError("reduce_owned needs every client on this rank; the ring's reduce_scatter steps otherwise")
+        if n == 1:
+            return
+        d = rows.shape[1]
+        total = array_namespace(rows).empty(d, dtype=rows.dtype, device=device(rows))
+        for s, pieces in enumerate(sum_plan(n, np.asarray(bounds, np.int64).tobytes(), d)):
+            for count, size, at, start in pieces:
+                into, part = (
+                    strided(total, (count, size), at, (size, 1)),
+                    strided(rows, (count, size), start, (d + size, 1)),
+                )
+                if s:
+                    into += part
+                else:
+                    into[...] = part
+        for k, c, m in runs:
+            size, start = int(bounds[c + 1] - bounds[c]), int(bounds[c])
+            strided(rows, (m, size), k * d + start, (d + size, 1))[...] = strided(total, (m, size), start, (size, 1))
+        sizes = np.diff(bounds)
+        self.ledger.add_many(np.arange(n), phase, (d - np.roll(sizes, -1)) * host_dtype(rows).itemsize)
 
     @_timed
     def spread_owned(self, rows, bounds: np.ndarray, runs: list[tuple[int, int, int]], phase: str) -> None:

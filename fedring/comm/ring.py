@@ -54,13 +54,16 @@ def reduce_scatter(
     net: Network, rows, bounds: np.ndarray, phase: str = "reduce_scatter", check: bool = True, ahead=None
 ) -> None:
     """In place: afterwards client ``i``'s row holds the ring sum of chunk ``(i + 1) mod n`` (``rows``:
-    numpy or a device array, docs/arrays.md).
+    numpy or a device array, docs/arrays.md); what its other chunks hold is unspecified.
 
     ``check=False`` skips :meth:`Network.check_rows` for rows the caller made itself;
     ``ahead`` prepares a chunk while the partial sum into it travels (:meth:`Network.ring_step`).
     """
     if check:
         net.check_rows(rows)
+    if ahead is None and net.layout.size == 1:  # the same additions at once (:meth:`Network.reduce_owned`)
+        net.reduce_owned(rows, bounds, owned_runs(net.layout, bounds), phase)
+        return
     n = net.n_clients
     for s in range(n - 1):
         net.ring_step(rows, bounds, rotation(-s, n), add, phase, ahead)
