@@ -168,6 +168,24 @@ def test_device_rows_checkpoint_and_resume(tmp_path):
     assert torch.equal(whole.clients.state["m"], resumed.clients.state["m"])
 
 
+@pytest.mark.parametrize("settings", [dict(local_steps=3), dict(local_epochs=2, batch_size=7)], ids=["steps", "epochs"])
+def test_device_batches_are_the_host_batches(settings):
+    """The device path gathers a round's batches on the device from indices drawn as the host path
+    draws them: the same samples, batch for batch (a pass's last, shorter batch too); clients that
+    sit out the round get none."""
+    tr = trainer(host_path=False, **settings)
+    taking = np.array([True, False, True, True])
+    ready = tr.clients.device_batches(5, taking)
+    assert sorted(ready) == [0, 2, 3]
+    for c, batches in ready.items():
+        host_batches = list(tr.clients.batches(5, c))
+        got = list(batches)
+        assert len(got) == len(host_batches) > 1
+        for (x, y), (hx, hy) in zip(got, host_batches, strict=True):
+            assert isinstance(x, torch.Tensor) and x.device == tr.device
+            assert np.array_equal(x.numpy(), hx) and np.array_equal(y.numpy(), hy)
+
+
 def test_device_rule_state_checkpoint_and_resume(tmp_path):
     """cclip's center lives on the rows' device from its first round; a checkpoint stores a host
     copy, and a resumed run moves it back and continues bit for bit the uninterrupted 4 rounds."""

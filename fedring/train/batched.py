@@ -89,12 +89,13 @@ class VmapGradients:
         w_local[:] = w
         return w_local, g
 
-    def gradients(self, step: int, w_local: Vector, batches: list, g: Vector) -> np.ndarray:
-        x = np.stack([b[0] for b in batches])
-        y = np.stack([b[1] for b in batches])
+    def gradients(self, step: int, w_local: Vector, batches: list, g: Vector) -> torch.Tensor:
+        stack = torch.stack if isinstance(batches[0][0], torch.Tensor) else np.stack  # gathered on the device, or host
+        x = stack([b[0] for b in batches])
+        y = stack([b[1] for b in batches])
         grads, losses = self.step(self.weights(w_local), self.stage.tensor(x), self.stage.tensor(y))
         g[:] = torch.cat([grads[n].reshape(len(batches), -1) for n in self.names], dim=1)
-        return losses.cpu().numpy()
+        return losses.detach()
 
     def end(self, w: Vector, group: Group, steps: int) -> None:
         """Nothing to restore: the model's own parameters were never changed."""

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from itertools import chain, count
+from typing import Any
 
 import numpy as np
+import torch
 
 from fedring.arrays import host, like
 from fedring.attacks import DataAttack
@@ -57,6 +59,9 @@ class Clients:
         self.layout, self.shards, self.stage, self.source = layout, shards, stage, source
         self.optimizer, self.poisoned, self.data_attack, self.lr_at = optimizer, poisoned, data_attack, lr_at
         self.rows: Vector = stage.empty((layout.n_local, d))
+        # the device path's copy of the shards: a round's batches are gathered there, by indices
+        # that cross once a round, instead of each batch crossing (and waiting for the device)
+        self.device_shards = None if stage.on_host else [(stage.tensor(s.x), stage.tensor(s.y)) for s in shards]
         self.state: ClientState = optimizer.init(layout.n_local, d, None if stage.on_host else stage.device)
         if data_attack is not None and data_attack.remembers:  # checkpointed with the optimizer rows
             self.state[ATTACK_MEMORY] = np.full((layout.n_local, d), np.nan, np.float32)
@@ -70,28 +75,66 @@ class Clients:
         remembers = self.data_attack is not None and self.data_attack.remembers
         # an attack that remembers reads the weights in host memory: copied once a round, not per attacker
         w_host = host(w) if remembers else None
+        ready = self.device_batches(t, taking)
+        losses: dict[int, Any] = {}  # read once, at the end: reading a device's loss waits for it
         for group in self.source.groups(self.layout.local_clients, taking):
-            self.steps_of(t, w, group, batch_loss, w_host)
+            self.steps_of(t, w, group, ready, losses, w_host)
+        read = {c: v for c, v in losses.items() if isinstance(v, torch.Tensor)}
+        if read:
+            batch_loss[list(read)] = host(torch.stack(list(read.values())))
+        for c, v in losses.items():  # an attack's own steps report a number
+            if c not in read:
+                batch_loss[c] = v
         return self.rows, batch_loss
 
-    def steps_of(self, t: int, w: Vector, group: Group, batch_loss: np.ndarray, w_host: np.ndarray | None) -> None:
-        """The local steps of ``group``'s held clients, their uploads into ``rows``; a poisoned client
+    def device_batches(self, t: int, taking: np.ndarray) -> dict[int, Iterator[tuple[Vector, Vector]]]:
+        """On the device path, round ``t``'s batches of the local clients that take part (``taking``)
+        and train on clean data, gathered on the device from :attr:`device_shards`: every batch's
+        indices drawn first (the draws of :meth:`local_batches`, in the same order) and moved in
+        one copy. Empty on the host path; a poisoned client's batches stay host batches."""
+        if self.device_shards is None:
+            return {}
+        lo = self.layout.lo
+        clean = [c for c in self.layout.local_clients if taking[c - lo] and not self.data_poisoned(c)]
+        drawn = {
+            c: list(self.batch_indices(self.shards[c - lo], generator(self.seed, Stream.BATCH, client=c, step=t)))
+            for c in clean
+        }
+        if not drawn:
+            return {}
+        on_device = self.stage.tensor(np.concatenate([idx for c in clean for idx in drawn[c]]))
+        starts = np.cumsum([0, *(sum(len(idx) for idx in drawn[c]) for c in clean)]).tolist()
+
+        def gathered(c: int, at: int) -> Iterator[tuple[Vector, Vector]]:  # each batch when it is taken
+            x, y = self.device_shards[c - lo]  # type: ignore[index]
+            for idx in drawn[c]:
+                part = on_device[at : at + len(idx)]
+                at += len(idx)
+                yield x[part], y[part]
+
+        return {c: gathered(c, starts[k]) for k, c in enumerate(clean)}
+
+    def steps_of(
+        self, t: int, w: Vector, group: Group, ready: dict, losses: dict[int, Any], w_host: np.ndarray | None
+    ) -> None:
+        """The local steps of ``group``'s held clients (their batches from ``ready``, else drawn now),
+        their uploads into ``rows`` and their first batch losses into ``losses``; a poisoned client
         whose attack runs its steps (:attr:`fedring.attacks.DataAttack.owns_steps`) runs alone."""
         if self.data_attack is not None and self.data_attack.owns_steps:
             for c in [c for c in group.held if self.poisoned[c]]:
-                self.attack_steps(t, w, Group(group.first, group.size, [c]), self.data_attack, batch_loss, w_host)
+                self.attack_steps(t, w, Group(group.first, group.size, [c]), self.data_attack, losses, w_host)
             group = Group(group.first, group.size, [c for c in group.held if not self.poisoned[c]])
             if not group.held:
                 return
         lo, held, lr = self.layout.lo, group.held, f32(self.lr_at(t))
-        batches = {c: self.batches(t, c) for c in held}
+        batches = {c: ready[c] if c in ready else self.batches(t, c) for c in held}
         steps = self.step_count(self.shards[held[0] - lo])
         w_local, g = self.source.start(w, group, steps, self.rows[held[0] - lo])
         for step in range(steps):
             drawn = {c: next(batches[c]) for c in held}
-            losses = self.source.gradients(step, w_local, [drawn.get(c, drawn[held[0]]) for c in slots(group)], g)
+            step_losses = self.source.gradients(step, w_local, [drawn.get(c, drawn[held[0]]) for c in slots(group)], g)
             if step == 0:
-                first_loss = losses
+                first_loss = step_losses
             for c in held:
                 s = c - group.first
                 self.optimizer.gradient(g[s], w_local[s])
@@ -103,10 +146,10 @@ class Clients:
             u = self.stage.output(out)
             u[:] = (w - w_local[s]) / lr if steps > 1 else g[s]
             self.upload(c, u, out, w_host, lr)
-            batch_loss[c] = float(first_loss[s])
+            losses[c] = first_loss[s]
 
     def attack_steps(
-        self, t: int, w: Vector, solo: Group, data_attack: DataAttack, batch_loss: np.ndarray, w_host: np.ndarray | None
+        self, t: int, w: Vector, solo: Group, data_attack: DataAttack, losses: dict, w_host: np.ndarray | None
     ) -> None:
         """The local steps of ``solo``'s one poisoned client, run by ``data_attack``
         (:meth:`fedring.attacks.DataAttack.local_steps`) on host vectors, and its upload
@@ -117,14 +160,14 @@ class Clients:
         shard = self.shards[c - self.layout.lo]
         attack = data_attack.attacker(int(self.poisoned[:c].sum()))  # its index among the attackers
         w_local, g = self.source.start(w, solo, 2, out)  # as with several steps: local weights of their own
-        losses: list[float] = []
+        first: list[float] = []
 
         def gradient(v: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
             w_local[s] = like(v, w_local)
             loss = float(self.source.gradients(1, w_local, [(x, y)] * solo.size, g)[s])  # step 1: loads w_local
             self.optimizer.gradient(g[s], w_local[s])
-            if not losses:  # the client's first batch loss, as an honest client reports it
-                losses.append(loss)
+            if not first:  # the client's first batch loss, as an honest client reports it
+                first.append(loss)
             return host(g[s]).copy(), loss
 
         rng = generator(self.seed, Stream.BATCH, client=c, step=t)  # the draws of its honest batches, continued
@@ -137,7 +180,7 @@ class Clients:
         u = self.stage.output(out)
         u[:] = (w - like(w_attack, w)) / lr
         self.upload(c, u, out, w_host, lr)
-        batch_loss[c] = losses[0] if losses else 0.0
+        losses[c] = first[0] if first else 0.0
 
     def upload(self, client: int, u: Vector, out: Vector, w_host: np.ndarray | None, lr: float) -> None:
         """``client``'s update direction ``u`` (made by ``stage.output(out)``: ``out`` itself, its row of
@@ -157,12 +200,17 @@ class Clients:
             if row is not out:
                 out[...] = like(row, out)
 
+    def data_poisoned(self, client: int) -> bool:
+        """Whether ``client`` trains on batches a data attack changes."""
+        return bool(self.poisoned[client]) and self.data_attack is not None
+
     def batches(self, t: int, client: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``client``'s mini-batches of round ``t``, poisoned when it runs a data attack."""
+        """``client``'s mini-batches of round ``t`` on the host, poisoned when it runs a data attack."""
         shard = self.shards[client - self.layout.lo]
         rng = generator(self.seed, Stream.BATCH, client=client, step=t)
-        if not self.poisoned[client] or self.data_attack is None:
+        if not self.data_poisoned(client):
             return self.local_batches(shard, rng)
+        assert self.data_attack is not None
         poison_rng = generator(self.seed, Stream.POISON, client=client, step=t)
         attack = self.data_attack.attacker(int(self.poisoned[:client].sum()))  # its index among the attackers
         return (attack.poison(x, y, poison_rng) for x, y in self.local_batches(shard, rng))
@@ -174,19 +222,23 @@ class Clients:
         return self.local_epochs * -(-len(shard.y) // self.batch_size)
 
     def local_batches(self, shard: Shard, rng: np.random.Generator) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The mini-batches of one round: ``local_steps`` drawn without replacement each, or
-        ``local_epochs`` passes over a fresh permutation of the shard (the last batch of a pass may be smaller)."""
+        """The mini-batches of one round on the host (:meth:`batch_indices`)."""
+        for idx in self.batch_indices(shard, rng):
+            yield shard.x[idx], shard.y[idx]
+
+    def batch_indices(self, shard: Shard, rng: np.random.Generator) -> Iterator[np.ndarray]:
+        """The sorted sample indices of one round's mini-batches: ``local_steps`` drawn without
+        replacement each, or ``local_epochs`` passes over a fresh permutation of the shard (the last
+        batch of a pass may be smaller)."""
         if self.local_epochs is None:
             size = min(self.batch_size, len(shard.y))
             for _ in range(self.local_steps):
-                idx = np.sort(rng.choice(len(shard.y), size, replace=False))
-                yield shard.x[idx], shard.y[idx]
+                yield np.sort(rng.choice(len(shard.y), size, replace=False))
             return
         for _ in range(self.local_epochs):
             order = rng.permutation(len(shard.y))
             for a in range(0, len(order), self.batch_size):
-                idx = np.sort(order[a : a + self.batch_size])
-                yield shard.x[idx], shard.y[idx]
+                yield np.sort(order[a : a + self.batch_size])
 
 
 def slots(group: Group) -> range:

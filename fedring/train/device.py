@@ -119,8 +119,11 @@ class Staging:
             return Transfers()
         return Transfers(pinned, functools.partial(torch.cuda.synchronize, self.device))
 
-    def tensor(self, array: np.ndarray) -> torch.Tensor:
-        """A batch (or any host array) as a tensor on the device."""
+    def tensor(self, array: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """A batch (or any host array) as a tensor on the device (a tensor as it is: a batch
+        gathered on the device, :meth:`fedring.train.clients.Clients.device_batches`)."""
+        if isinstance(array, torch.Tensor):
+            return array
         t = torch.from_numpy(array)
         return t if self.on_host else t.to(self.device)
 

@@ -8,7 +8,8 @@ every slot at its local weights. Both sources keep the same contract:
 - ``start(w, group, steps, out)``: the ``(B, d)`` local weights (each row ``w`` at first) and the
   ``(B, d)`` gradient buffer, of the staging path's kind;
 - ``gradients(step, w_local, batches, g)``: the slots' gradients at ``w_local`` into ``g``, and
-  their losses;
+  their losses, a ``(B,)`` tensor on the device (read once a round: reading waits for the device);
+  a batch is a pair of host arrays, or of tensors gathered on the device;
 - ``end(w, group, steps)``: after the group's last step.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -58,25 +60,25 @@ class ModelGradients:
         w_local = self.stage.copy(w) if steps > 1 else w
         return w_local[None], self.stage.output(out)[None]
 
-    def gradients(self, step: int, w_local: Vector, batches: list, g: Vector) -> np.ndarray:
+    def gradients(self, step: int, w_local: Vector, batches: list, g: Vector) -> torch.Tensor:
         if step:
             self.stage.load(self.model, w_local[0])
         ((x, y),) = batches
         loss = self.backward(x, y)
         self.stage.grad_into(self.model, g[0])
-        return np.array([loss])
+        return loss.reshape(1)
 
     def end(self, w: Vector, group: Group, steps: int) -> None:
         self.buffers.keep(group.first - self.lo)
         if steps > 1:
             self.stage.load(self.model, w)
 
-    def backward(self, x: np.ndarray, y: np.ndarray) -> float:
-        """The model's gradients of the mean cross-entropy on ``(x, y)``; returns the loss."""
+    def backward(self, x, y) -> torch.Tensor:
+        """The model's gradients of the mean cross-entropy on ``(x, y)``; returns the loss, detached."""
         self.model.zero_grad(set_to_none=False)
         loss = F.cross_entropy(self.model(self.stage.tensor(x)), self.stage.tensor(y))
         loss.backward()
-        return loss.item()
+        return loss.detach()
 
     def at(self, x: np.ndarray, y: np.ndarray, d: int) -> np.ndarray:
         """The gradient on ``(x, y)`` at the weights the model holds, as a new float32 host vector."""
