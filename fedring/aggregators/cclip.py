@@ -93,6 +93,7 @@ class CenteredClipping(Aggregator):
         w = np.zeros(n + 1)
         w[n] = 1.0  # v = previous aggregate
         client_factor = np.ones(n)
+        rows = X  # the rows of the iterates' span (with the center)
         if self.bucketing == "sequential":
             w = self._sequential(gram(X, center[None, :]), n, w, client_factor, rng, math.sqrt(sqnorm(center)))
         else:
@@ -104,7 +105,6 @@ class CenteredClipping(Aggregator):
             U = np.zeros((len(buckets), n + 1))
             for b, members in enumerate(buckets):
                 U[b, members] = 1.0 / len(members)
-            rows = X
             if self.bucketing == "random" and not on_host(X):  # the bucket means, once (class docstring)
                 k = len(buckets)
                 rows, U, w = combine(U[:, :n], X), np.eye(k, k + 1), np.eye(1, k + 1, k)[0]
@@ -114,8 +114,7 @@ class CenteredClipping(Aggregator):
                 w = w * (1.0 - c.mean()) + (c / len(buckets)) @ U
             for b, members in enumerate(buckets):
                 client_factor[members] = c[b]
-            X = rows
-        out = combine(w, X, small(center[None, :], X))
+        out = combine(w, rows, small(center[None, :], rows))
         center[...] = out
         return AggregateResult(out, client_factor)
 

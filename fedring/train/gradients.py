@@ -49,6 +49,7 @@ class ModelGradients:
 
     def __init__(self, model: nn.Module, stage: Staging, buffers: ModelBuffers, lo: int):
         self.model, self.stage, self.buffers, self.lo = model, stage, buffers, lo
+        self.params = list(model.parameters())
 
     def groups(self, clients: range, taking: np.ndarray) -> list[Group]:
         """Each local client that takes part (``taking``, per local client) in a group of its own."""
@@ -75,7 +76,10 @@ class ModelGradients:
 
     def backward(self, x, y) -> torch.Tensor:
         """The model's gradients of the mean cross-entropy on ``(x, y)``; returns the loss, detached."""
-        self.model.zero_grad(set_to_none=False)
+        # zero_grad(set_to_none=False) without walking the modules each call: one fused zeroing
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if grads:
+            torch._foreach_zero_(grads)
         loss = F.cross_entropy(self.model(self.stage.tensor(x)), self.stage.tensor(y))
         loss.backward()
         return loss.detach()
