@@ -186,6 +186,14 @@ def test_device_batches_are_the_host_batches(settings):
             assert np.array_equal(x.numpy(), hx) and np.array_equal(y.numpy(), hy)
 
 
+def test_staging_copies_a_read_only_array():
+    """A shard that is a view of a read-only file buffer becomes a tensor of its own, not a shared
+    (writable) view of memory torch may not write."""
+    data = np.frombuffer(np.arange(6, dtype=np.float32).tobytes(), np.float32)
+    t = Staging(torch.device("cpu"), 6, host_path=False).tensor(data)
+    assert t.tolist() == [0, 1, 2, 3, 4, 5] and not np.shares_memory(t.numpy(), data)
+
+
 def test_device_rule_state_checkpoint_and_resume(tmp_path):
     """cclip's center lives on the rows' device from its first round; a checkpoint stores a host
     copy, and a resumed run moves it back and continues bit for bit the uninterrupted 4 rounds."""

@@ -124,7 +124,9 @@ class Staging:
         gathered on the device, :meth:`fedring.train.clients.Clients.device_batches`)."""
         if isinstance(array, torch.Tensor):
             return array
-        t = torch.from_numpy(array)
+        # a read-only array (a natural partition's shard, a view of the data set's file) is copied:
+        # torch cannot share memory it may not write
+        t = torch.from_numpy(array) if array.flags.writeable else torch.tensor(array)
         return t if self.on_host else t.to(self.device)
 
     def empty(self, shape: tuple[int, ...]) -> Vector:
