@@ -125,6 +125,26 @@ def test_device_path_uploads_are_the_host_paths_bit_for_bit(settings):
     assert np.array_equal(host.clients.state["m"].view(np.uint32), rows.numpy().view(np.uint32))
 
 
+@pytest.mark.parametrize("bn_stats", ["aggregate", "local"])
+def test_device_path_batchnorm_statistics_are_the_host_paths(bn_stats):
+    """BatchNorm statistics on the device path: each client's loaded and kept on the device, the
+    round's mean on the host. Three rounds with two local steps: the uploads, the weights, the
+    shared statistics, every client's and the checkpoint's are the host path's bit for bit."""
+    settings = dict(model="cnn_bn", bn_stats=bn_stats, local_steps=2)
+    host, device = trainer(**settings), trainer(host_path=False, **settings)
+    for a, b in zip(uploads(host, 3), uploads(device, 3), strict=True):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert np.array_equal(host.replica.w.view(np.uint32), device.replica.w.view(np.uint32))
+    hb, db = host.model_gradients.buffers, device.model_gradients.buffers
+    assert isinstance(db.rows, torch.Tensor) and db.rows.device == device.device and db.rows.dtype == torch.float64
+    assert np.array_equal(hb.shared, db.shared) and np.array_equal(hb.rows, db.rows.numpy())
+    assert np.array_equal(hb.checkpoint()["buffers"], db.checkpoint()["buffers"])
+    assert np.array_equal(hb.host_read(), db.host_read())  # what the models hold now
+    rows, shared = db.rows.clone(), db.shared.copy()
+    db.restore(db.checkpoint()["buffers"])  # a resumed run's statistics, on the device again
+    assert isinstance(db.rows, torch.Tensor) and torch.equal(db.rows, rows) and np.array_equal(db.shared, shared)
+
+
 @pytest.mark.parametrize("local_steps", [1, 3])
 def test_device_path_clips_within_the_norms_rounding(local_steps):
     """Clipping scales by ``c / ||g||`` with the norm summed in float64, in another order by torch

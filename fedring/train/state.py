@@ -129,35 +129,59 @@ class ModelBuffers:
 
     Integer buffers (``num_batches_tracked``) are averaged and rounded. Float32 buffers are exact in
     float64. A model without buffers makes every method a no-op (no communication).
+
+    ``on_device`` (the device path): the clients' ``rows`` are a float64 tensor on the buffers'
+    device and the shared vector has a copy there, so that a client's :meth:`use` and :meth:`keep`
+    are copies on the device; each would otherwise move every buffer across the bus and wait for
+    the device, twice per client and round. The mean of :meth:`aggregate` stays the host's (the
+    rows cross once a round), so both paths give the same bits.
     """
 
-    def __init__(self, model: nn.Module, mode: str, layout: Layout):
+    def __init__(self, model: nn.Module, mode: str, layout: Layout, on_device: bool = False):
         self.tensors = list(model.buffers())
         self.mode, self.layout = mode, layout
-        self.shared = self.read()
-        self.rows = np.tile(self.shared, (layout.n_local, 1))
+        self.on_device = on_device and bool(self.tensors)
+        self.shared = self.host_read()
+        self.rows = self.placed(np.tile(self.shared, (layout.n_local, 1)))
+        self.shared_placed = self.placed(self.shared)
 
     @property
     def size(self) -> int:
         return self.shared.size
 
-    def read(self) -> np.ndarray:
+    def placed(self, vec: np.ndarray):
+        """A host array where this object keeps its vectors: itself, or a copy on the buffers' device."""
+        return torch.tensor(vec, device=self.tensors[0].device) if self.on_device else vec
+
+    def host_read(self) -> np.ndarray:
         if not self.tensors:
             return np.zeros(0)
         return np.concatenate([b.detach().cpu().numpy().astype(np.float64).reshape(-1) for b in self.tensors])
 
-    def write(self, vec: np.ndarray) -> None:
+    def read(self):
+        """The buffers as one float64 vector: on their device on the device path."""
+        if not self.on_device:
+            return self.host_read()
+        return torch.cat([b.detach().reshape(-1).to(torch.float64) for b in self.tensors])
+
+    def write(self, vec) -> None:
+        """Load the float64 vector ``vec`` (numpy, or a tensor on the buffers' device) into the buffers,
+        integer buffers rounded half to even (``numpy.rint``, ``torch.round``)."""
         k = 0
         with torch.no_grad():
             for b in self.tensors:
                 part = vec[k : k + b.numel()].reshape(b.shape)
-                b.copy_(torch.from_numpy(np.asarray(part if b.is_floating_point() else np.rint(part))))
+                if isinstance(part, np.ndarray):
+                    part = torch.from_numpy(np.asarray(part if b.is_floating_point() else np.rint(part)))
+                elif not b.is_floating_point():
+                    part = torch.round(part)
+                b.copy_(part)
                 k += b.numel()
 
     def use(self, k: int) -> None:
         """Load the statistics local client ``k`` trains or is evaluated with."""
         if self.size:
-            self.write(self.rows[k] if self.mode == "local" else self.shared)
+            self.write(self.rows[k] if self.mode == "local" else self.shared_placed)
 
     def keep(self, k: int) -> None:
         """Store local client ``k``'s statistics after its local training."""
@@ -168,12 +192,13 @@ class ModelBuffers:
         """End of a round: the shared statistics become the mean over the clients, or over the round's
         cohort (``member``: a ``(n_clients,)`` bool mask; ``aggregate`` mode)."""
         if self.size and self.mode == "aggregate":
-            rows = allgather_rows(self.layout, self.rows)
+            rows = allgather_rows(self.layout, host(self.rows))
             if member is None:
                 self.shared = rows.sum(axis=0) / self.layout.n_clients
             else:
                 self.shared = rows[member].sum(axis=0) / member.sum()
-            self.write(self.shared)
+            self.shared_placed = self.placed(self.shared)
+            self.write(self.shared_placed)
 
     def checkpoint(self) -> dict[str, np.ndarray | None]:
         """Collective: the arrays a checkpoint stores (on rank 0); every client's rows with ``local``, which
@@ -182,7 +207,7 @@ class ModelBuffers:
             return {}
         if self.mode == "aggregate":
             return {"buffers": self.shared}
-        return {"buffers": gather_rows(self.layout, self.rows)}
+        return {"buffers": gather_rows(self.layout, host(self.rows))}
 
     def restore(self, buffers: np.ndarray | None) -> None:
         """Collective: load a checkpoint's ``buffers`` (rank 0's copy; the shared vector is on every rank)."""
@@ -191,6 +216,7 @@ class ModelBuffers:
         if self.mode == "aggregate":
             self.shared = np.array(buffers, np.float64) if self.layout.rank == 0 else np.empty(self.size)
             self.layout.comm.Bcast(self.shared, root=0)
-            self.write(self.shared)
+            self.shared_placed = self.placed(self.shared)
+            self.write(self.shared_placed)
         else:
-            self.rows = scatter_rows(self.layout, buffers, (self.size,), np.float64)
+            self.rows = self.placed(scatter_rows(self.layout, buffers, (self.size,), np.float64))

@@ -126,7 +126,7 @@ class Trainer:
         data = federated_data(cfg, self.layout.local_clients, self.topology.needs_reference and comm.rank == 0)
         self.server_data = data.server
         self.rows_comm = comm.Dup()  # checkpoint rows, apart from the protocol's messages
-        buffers = ModelBuffers(model, cfg.bn_stats, self.layout)
+        buffers = ModelBuffers(model, cfg.bn_stats, self.layout, on_device=not stage.on_host)
         self.model_gradients = ModelGradients(model, stage, buffers, self.layout.lo)
         source: ModelGradients | VmapGradients = self.model_gradients
         if cfg.batched_clients is not None:
