@@ -214,6 +214,25 @@ def test_staging_copies_a_read_only_array():
     assert t.tolist() == [0, 1, 2, 3, 4, 5] and not np.shares_memory(t.numpy(), data)
 
 
+@needs_gpu
+def test_a_gpu_round_keeps_batches_statistics_and_rule_state_on_the_gpu():
+    """On a GPU: the round's batches are gathered there (the host path's samples, exactly), the
+    clients' BatchNorm statistics and cclip's center live there, and two rounds train to finite
+    weights (the kernels differ from the CPU's, so no bits are compared with it)."""
+    tr = trainer(device="cuda", model="cnn_bn", topology="server", aggregator="cclip")
+    ready = tr.clients.device_batches(0, np.ones(4, bool))
+    for c, batches in ready.items():
+        for (x, y), (hx, hy) in zip(batches, tr.clients.batches(0, c), strict=True):
+            assert (
+                x.device.type == "cuda" and np.array_equal(x.cpu().numpy(), hx) and np.array_equal(y.cpu().numpy(), hy)
+            )
+    for t in range(2):
+        train_round(tr, t)
+    assert tr.model_gradients.buffers.rows.device.type == "cuda"
+    assert tr.topology.state["center"].device.type == "cuda"
+    assert np.isfinite(tr.replica.w).all()
+
+
 def test_device_rule_state_checkpoint_and_resume(tmp_path):
     """cclip's center lives on the rows' device from its first round; a checkpoint stores a host
     copy, and a resumed run moves it back and continues bit for bit the uninterrupted 4 rounds."""
