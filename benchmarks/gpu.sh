@@ -2,7 +2,8 @@
 # The GPU figures of issue 32 on one GPU, within 8 minutes of an H100 (docs/arrays.md, "Measuring
 # on a GPU"): the tests that need CUDA, the ring of 100 clients on one rank against a bare sum
 # (benchmarks/local_ring.py), then `bench train` (the CNN with 100 clients, per client
-# and batched, against the bare loops; ResNet-18 with GroupNorm batched 25 against the bare
+# and batched, against the bare loops, and where its round goes: benchmarks/round_profile.py,
+# printed; ResNet-18 with GroupNorm batched 25 against the bare
 # batched loop; median, trimmed mean and Krum on the server against that ring-mean round) and
 # `bench aggregators --device cuda --byzfl` on 100 x 11.2M rows. Every figure is a JSON record
 # naming its device, in docs/measured/gpu/ (FEDRING_GPU_OUT elsewhere). Usage, from anywhere:
@@ -140,6 +141,10 @@ train() {  # train NAME ARGS...: one bench train record, marked with the data it
   return 0
 }
 train train-cnn --model cnn --rounds "$rounds" --batched-clients "$cnn_batched"
+# where the CNN's round goes, per client and batched (cProfile, about 40 s; into the log: the
+# machine returns only so many files)
+step profile 90 python benchmarks/round_profile.py --device "$device" --clients "$clients" \
+  --rounds $((rounds > 5 ? 5 : rounds)) --top 25
 resnet=(--model "$big" --dataset cifar10 --rounds $((rounds > 3 ? 3 : rounds)) --batched-clients "$big_batched")
 train "train-$big-ring" "${resnet[@]}"
 for rule in median trimmed_mean krum; do

@@ -1,7 +1,7 @@
 """Where a training round's time goes: ``cProfile`` of rounds of 100 clients on one rank, the
-per-client loop and then ``batched_clients = 100``.
+per-client loop and then every client batched in one call (``batched_clients = 100``).
 
-    python benchmarks/round_profile.py [--device cuda] [--model cnn] [--rounds 5]
+    python benchmarks/round_profile.py [--device cuda] [--model cnn] [--rounds 5] [--clients 100]
 
 Three untimed rounds first; on a GPU the profiled rounds end with a synchronize, so kernels
 that ran asynchronously are counted. Prints seconds per round and the functions with the most
@@ -31,9 +31,10 @@ def main() -> None:
     p.add_argument("--model", default="cnn")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--top", type=int, default=14)
+    p.add_argument("--clients", type=int, default=100)
     args = p.parse_args()
-    base = Config(clients=100, rounds=args.rounds + 4, model=args.model, batch_size=32, quiet=True, device=args.device)
-    for batched in (None, 100):
+    base = Config(clients=args.clients, rounds=args.rounds + 4, model=args.model, batch_size=32, quiet=True, device=args.device)
+    for batched in (None, args.clients):
         cfg = dataclasses.replace(base, batched_clients=batched)
         TrainTask(cfg, 1)
         tr = Trainer(cfg, MPI.COMM_WORLD)

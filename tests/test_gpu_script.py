@@ -51,6 +51,7 @@ def test_gpu_script_smoke(tmp_path):
     assert bench["meta"]["device"] == "cpu" and {r["device"] for r in bench["records"]} == {"cpu"}
     assert "=== summary" in run.stdout and "round / ring-mean round" in run.stdout
     assert "ring of 100 on one rank, d=1000, torch on cpu" in run.stdout
+    assert "=== batched_clients=None:" in run.stdout and "=== batched_clients=6:" in run.stdout  # the profile
 
 
 def test_bench_aggregators_on_cpu_tensors(tmp_path, capsys):
