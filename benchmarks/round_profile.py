@@ -33,7 +33,9 @@ def main() -> None:
     p.add_argument("--top", type=int, default=14)
     p.add_argument("--clients", type=int, default=100)
     args = p.parse_args()
-    base = Config(clients=args.clients, rounds=args.rounds + 4, model=args.model, batch_size=32, quiet=True, device=args.device)
+    base = Config(
+        clients=args.clients, rounds=args.rounds + 4, model=args.model, batch_size=32, quiet=True, device=args.device
+    )
     for batched in (None, args.clients):
         cfg = dataclasses.replace(base, batched_clients=batched)
         TrainTask(cfg, 1)
