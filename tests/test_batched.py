@@ -49,6 +49,38 @@ def test_batched_clients_match_the_per_client_loop_up_to_rounding():
     assert np.abs(ref.replica.w - batched.replica.w).max() <= 1e-4 * np.abs(ref.replica.w).max()
 
 
+@pytest.mark.parametrize("model,local_steps", [("mlp", 1), ("mlp", 3), ("cnn", 1)])
+def test_shared_weights_at_the_first_step_match_the_per_slot_weights(model, local_steps):
+    """A GPU's batched first step takes one set of weights for every slot (the shared w), and a
+    one-step group reads w itself (no B x d copy). Forced on the CPU's device path (B = 4, 3 rounds):
+    the MLP's uploads and losses are the per-slot weights' bit for bit (the same matrix products, one
+    batched and one not), later local steps included; the CNN's within 1e-5 of the largest entry
+    (its convolutions sum in another order with one set of weights; measured: 2e-7). With several
+    local steps a CNN's later rounds can differ more, where a max-pool or ReLU flips on a rounding
+    difference, so the CNN is checked with one local step."""
+    settings = dict(model=model, batched_clients=4, local_steps=local_steps, attack="none", byzantine=0)
+    runs = []
+    for shared in (False, True):
+        cfg = Config(**{**CLIENT_SIDE, **settings})
+        TrainTask(cfg, 1)
+        tr = Trainer(cfg, MPI.COMM_WORLD, host_path=False)
+        assert tr.clients.source.shared_first_step is False  # the CPU's default keeps its bits
+        tr.clients.source.shared_first_step = shared
+        runs.append(tr)
+    source, w = runs[1].clients.source, runs[1].replica.w_staged
+    w_local, _ = source.start(w, source.groups(range(6), np.ones(6, bool))[0], 1, None)
+    assert w_local.shape == (4, w.shape[0]) and w_local.stride(0) == 0
+    for t in range(3):
+        a, b = train_round(runs[0], t), train_round(runs[1], t)
+        rows_a, rows_b = runs[0].clients.rows.numpy(), runs[1].clients.rows.numpy()
+        if model == "mlp":
+            assert np.array_equal(rows_a.view(np.uint32), rows_b.view(np.uint32))
+            assert np.array_equal(a.batch_loss, b.batch_loss)
+        else:
+            assert np.abs(rows_a - rows_b).max() <= 1e-5 * np.abs(rows_a).max()
+            np.testing.assert_allclose(a.batch_loss, b.batch_loss, rtol=1e-6)
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_the_same_file_on_any_number_of_ranks(tmp_path):

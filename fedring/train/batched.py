@@ -52,7 +52,15 @@ class VmapGradients:
     """Collective (construction): ``size`` clients' gradients per call, in chunks aligned on client ids."""
 
     def __init__(
-        self, model: nn.Module, model_name: str, stage: Staging, size: int, shards: list[Shard], batch_size: int, comm
+        self,
+        model: nn.Module,
+        model_name: str,
+        stage: Staging,
+        size: int,
+        shards: list[Shard],
+        batch_size: int,
+        comm,
+        shared_first_step: bool | None = None,
     ):
         why = refusal(model, model_name)
         if why is not None:
@@ -72,6 +80,12 @@ class VmapGradients:
             return F.cross_entropy(functional_call(model, weights, (x,)), y)
 
         self.step = vmap(grad_and_value(loss))
+        # at a group's first step every slot holds the shared weights: one set of weights for all
+        # (in_dims None, a plain batched forward), where per-slot weights make vmap run grouped
+        # convolutions; on a GPU only, as the CPU's kernels then sum in another order than the
+        # per-slot ones, and the CPU keeps its results' bits
+        self.shared_first_step = stage.device.type != "cpu" if shared_first_step is None else shared_first_step
+        self.step_shared = vmap(grad_and_value(loss), in_dims=(None, 0, 0))
 
     def groups(self, clients: range, taking: np.ndarray) -> list[Group]:
         """The chunks of ``size`` client ids that hold a local client taking part (``taking``, per local
@@ -85,7 +99,12 @@ class VmapGradients:
         return out
 
     def start(self, w: Vector, group: Group, steps: int, out: np.ndarray) -> tuple[Vector, Vector]:
-        w_local, g = self.stage.empty((group.size, w.shape[0])), self.stage.empty((group.size, w.shape[0]))
+        """The slots' local weights (with one shared-weights step on the device, a read-only view of
+        ``w`` in every row: no copy) and gradient buffer."""
+        g = self.stage.empty((group.size, w.shape[0]))
+        if steps == 1 and self.shared_first_step and isinstance(w, torch.Tensor):
+            return w.expand(group.size, -1), g
+        w_local = self.stage.empty((group.size, w.shape[0]))
         w_local[:] = w
         return w_local, g
 
@@ -93,7 +112,11 @@ class VmapGradients:
         stack = torch.stack if isinstance(batches[0][0], torch.Tensor) else np.stack  # gathered on the device, or host
         x = stack([b[0] for b in batches])
         y = stack([b[1] for b in batches])
-        grads, losses = self.step(self.weights(w_local), self.stage.tensor(x), self.stage.tensor(y))
+        if step == 0 and self.shared_first_step:  # every row of w_local is the shared w
+            weights = {n: v[0] for n, v in self.weights(w_local[:1]).items()}
+            grads, losses = self.step_shared(weights, self.stage.tensor(x), self.stage.tensor(y))
+        else:
+            grads, losses = self.step(self.weights(w_local), self.stage.tensor(x), self.stage.tensor(y))
         g[:] = torch.cat([grads[n].reshape(len(batches), -1) for n in self.names], dim=1)
         return losses.detach()
 
