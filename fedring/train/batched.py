@@ -117,7 +117,11 @@ class VmapGradients:
             grads, losses = self.step_shared(weights, self.stage.tensor(x), self.stage.tensor(y))
         else:
             grads, losses = self.step(self.weights(w_local), self.stage.tensor(x), self.stage.tensor(y))
-        g[:] = torch.cat([grads[n].reshape(len(batches), -1) for n in self.names], dim=1)
+        parts = [grads[n].reshape(len(batches), -1) for n in self.names]
+        if isinstance(g, torch.Tensor):  # straight into the buffer, not through a (B, d) temporary
+            torch.cat(parts, dim=1, out=g)
+        else:
+            g[:] = torch.cat(parts, dim=1)
         return losses.detach()
 
     def end(self, w: Vector, group: Group, steps: int) -> None:
