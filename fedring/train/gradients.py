@@ -8,8 +8,9 @@ every slot at its local weights. Both sources keep the same contract:
 - ``start(w, group, steps, out)``: the ``(B, d)`` local weights (each row ``w`` at first) and the
   ``(B, d)`` gradient buffer, of the staging path's kind;
 - ``gradients(step, w_local, batches, g)``: the slots' gradients at ``w_local`` into ``g``, and
-  their losses, a ``(B,)`` tensor on the device (read once a round: reading waits for the device);
-  a batch is a pair of host arrays, or of tensors gathered on the device;
+  their losses, a ``(B,)`` tensor where the model computes (the clients read a round's losses
+  once: on a device each read waits for it); a batch is a pair of host arrays, or of tensors
+  gathered on the device;
 - ``end(w, group, steps)``: after the group's last step.
 """
 
