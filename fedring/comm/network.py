@@ -720,7 +720,7 @@ class Network:
         self.ledger.add_many(senders, phase, sizes * host_dtype(rows).itemsize)
 
     @_timed
-    def reduce_owned(self, rows, bounds: np.ndarray, runs: list[tuple[int, int, int]], phase: str) -> None:
+    def reduce_owned(self, rows, bounds: np.ndarray, runs: Iterable[tuple[int, int, int]], phase: str) -> None:
         """The reduce-scatter of :mod:`fedring.comm.ring` on a rank that hosts every client, in place:
         afterwards client ``i`` holds the ring sum of chunk ``(i + 1) mod n`` (``runs``:
         :func:`fedring.comm.ring.owned_runs`).
@@ -733,12 +733,9 @@ class Network:
         their owners: the same bits. The rows' other chunks are left as they were, not with the
         ring's partial sums (the ring's contract names only the owned chunks). The ledger books
         each client's bytes of the ``n - 1`` steps: every chunk but ``(i + 1) mod n``."""
-        lay, n = self.layout, self.n_clients
-        if lay.size != 1:
-            raise ValueError("reduce_owned needs every client on this rank; the ring's reduce_scatter steps otherwise")
-        if n == 1:
+        if not self._at_once("reduce_owned", "reduce_scatter"):
             return
-        d = rows.shape[1]
+        n, d = self.n_clients, rows.shape[1]
         total = array_namespace(rows).empty(d, dtype=rows.dtype, device=device(rows))
         for s, pieces in enumerate(sum_plan(n, np.asarray(bounds, np.int64).tobytes(), d)):
             for count, size, at, start in pieces:
@@ -753,11 +750,10 @@ class Network:
         for k, c, m in runs:
             size, start = int(bounds[c + 1] - bounds[c]), int(bounds[c])
             strided(rows, (m, size), k * d + start, (d + size, 1))[...] = strided(total, (m, size), start, (size, 1))
-        sizes = np.diff(bounds)
-        self.ledger.add_many(np.arange(n), phase, (d - np.roll(sizes, -1)) * host_dtype(rows).itemsize)
+        self._book_steps(rows, bounds, phase, unsent=1)
 
     @_timed
-    def spread_owned(self, rows, bounds: np.ndarray, runs: list[tuple[int, int, int]], phase: str) -> None:
+    def spread_owned(self, rows, bounds: np.ndarray, runs: Iterable[tuple[int, int, int]], phase: str) -> None:
         """The all-gather of :mod:`fedring.comm.ring` on a rank that hosts every client, in place:
         client ``i`` owns chunk ``(i + 1) mod n`` (``runs``: :func:`fedring.comm.ring.owned_runs`), and
         afterwards every row holds every owner's chunk.
@@ -766,10 +762,7 @@ class Network:
         the same copies of the same values done at once: the owned chunks into row 0 (one strided
         copy per run), then row 0 into every other row. The ledger books each client's bytes of the
         ``n - 1`` steps: every chunk but ``(i + 2) mod n``."""
-        lay, n = self.layout, self.n_clients
-        if lay.size != 1:
-            raise ValueError("spread_owned needs every client on this rank; the ring's all_gather steps otherwise")
-        if n == 1:
+        if not self._at_once("spread_owned", "all_gather"):
             return
         d = rows.shape[1]
         for k, c, m in runs:
@@ -779,8 +772,21 @@ class Network:
                 size, start = int(bounds[c + 1] - bounds[c]), int(bounds[c])
                 strided(rows, (m, size), start, (size, 1))[...] = strided(rows, (m, size), k * d + start, (d + size, 1))
         rows[1:] = rows[0]
+        self._book_steps(rows, bounds, phase, unsent=2)
+
+    def _at_once(self, name: str, phase: str) -> bool:
+        """Whether a ring phase done at once (``name``) has work: none with one client; a
+        ``ValueError`` unless every client is on this rank (the phase's steps serve that case)."""
+        if self.layout.size != 1:
+            raise ValueError(f"{name} needs every client on this rank; the ring's {phase} steps otherwise")
+        return self.n_clients > 1
+
+    def _book_steps(self, rows, bounds: np.ndarray, phase: str, unsent: int) -> None:
+        """The ledger of a ring phase's ``n - 1`` steps done at once: client ``i`` sent every chunk of
+        its row but chunk ``(i + unsent) mod n``."""
         sizes = np.diff(bounds)
-        self.ledger.add_many(np.arange(n), phase, (d - np.roll(sizes, -2)) * host_dtype(rows).itemsize)
+        nbytes = (rows.shape[1] - np.roll(sizes, -unsent)) * host_dtype(rows).itemsize
+        self.ledger.add_many(np.arange(self.n_clients), phase, nbytes)
 
     @_timed
     def gather_to_server(self, local, phase: str, clients: np.ndarray | None = None):

@@ -25,6 +25,7 @@ the same values give the same bits either way.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,24 +91,31 @@ def owned_chunk(client: int, n: int) -> int:
     return (client + 1) % n
 
 
-def owned_runs(layout: Layout, bounds: np.ndarray) -> list[tuple[int, int, int]]:
+def owned_runs(layout: Layout, bounds: np.ndarray) -> tuple[tuple[int, int, int], ...]:
     """The chunks this rank's clients own after Share-Reduce, as runs ``(row, chunk, rows)``: local rows
     ``row .. row + rows - 1`` own the consecutive chunks ``chunk ..``, all of one nonzero size, so that
-    each run is one strided view of the rows (:func:`fedring.arrays.strided`).
+    each run is one strided view of the rows (:func:`fedring.arrays.strided`). Listed once per
+    layout and bounds: a ring asks every round.
 
     >>> from mpi4py import MPI
     >>> owned_runs(Layout(4, MPI.COMM_SELF), block_bounds(10, 4))  # chunk sizes 3, 3, 2, 2
-    [(0, 1, 1), (1, 2, 2), (3, 0, 1)]
+    ((0, 1, 1), (1, 2, 2), (3, 0, 1))
     """
-    n, sizes = len(bounds) - 1, np.diff(bounds)
+    return _owned_runs(layout.lo, layout.hi, np.asarray(bounds, np.int64).tobytes())
+
+
+@functools.lru_cache(maxsize=64)
+def _owned_runs(lo: int, hi: int, bounds: bytes) -> tuple[tuple[int, int, int], ...]:
+    edges = np.frombuffer(bounds, np.int64)
+    n, sizes = len(edges) - 1, np.diff(edges)
     runs: list[list[int]] = []
-    for k, i in enumerate(layout.local_clients):
+    for k, i in enumerate(range(lo, hi)):
         c = owned_chunk(i, n)
         if runs and c == runs[-1][1] + runs[-1][2] and sizes[c] == sizes[runs[-1][1]]:
             runs[-1][2] += 1
         else:
             runs.append([k, c, 1])
-    return [(k, c, m) for k, c, m in runs if sizes[c]]
+    return tuple((k, c, m) for k, c, m in runs if sizes[c])
 
 
 def ring_allreduce(net: Network, rows):
