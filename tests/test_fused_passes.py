@@ -10,6 +10,11 @@ or an infinity, or are finite with squares or column sums that overflow.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -48,7 +53,7 @@ def test_row_stats_has_the_bits_of_the_float64_copy_per_block(shape, k, dtype):
     n, d = X.shape
     width = min(d, K.block_width(n + k))
     sls = list(K.blocks(d, width))
-    runs = max(1, min(len(sls), 4 * K.n_workers()))
+    runs = max(1, min(len(sls), K.RUNS))
     sq, dots = np.zeros(n), np.zeros((n, k))
     for r in range(runs):
         part_sq, part_dots = np.zeros(n), np.zeros((n, k))
@@ -141,3 +146,42 @@ def test_scaled_mean_on_a_tensor_within_float32_rounding():
     # two float32 sums of 12 scaled rows in different orders: each within n u max|X| of the exact sum
     atol = 2 * 12 * 2.0**-24 * float(np.abs(X).max())
     np.testing.assert_allclose(got.numpy(), K.scaled_mean(X, scale), rtol=0, atol=atol)
+
+
+THREAD_PROBE = """
+import hashlib, json, sys
+import numpy as np
+from fedring.aggregators import make_aggregator
+from fedring.aggregators import _kernels as K
+
+rng = np.random.default_rng(0)
+X = (rng.standard_normal((20, 300_001)) * rng.uniform(0.1, 100.0, (20, 1))).astype(np.float32)
+R = rng.standard_normal((2, X.shape[1])).astype(np.float32)
+G = K.gram(X)
+sq, dots = K.row_stats(X, R)
+arrays = {"gram": G.C, "gram_h": G.h, "gram_pp": np.float64(G.pp), "row_stats": sq, "row_dots": dots,
+          "sign_gram": K.sign_gram(X)}
+for name in sys.argv[1].split(","):
+    pre = name.removesuffix("+mean")
+    rule = make_aggregator("mean", 4, {}, (pre,)) if name.endswith("+mean") else make_aggregator(name, 4)
+    arrays[name] = rule.aggregate(X, rng=np.random.default_rng(1)).vector
+print(json.dumps({k: hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest() for k, v in arrays.items()}))
+"""
+
+
+def test_passes_give_the_same_bits_on_any_number_of_threads():
+    # a job's cores, its binding or $FEDRING_THREADS must not change a results file: the runs of a
+    # pass, so the order of its float64 sums, are fixed (K.RUNS); 1 thread used to sum 4 runs, 2 threads 8
+    rules = (
+        "krum,geomed,cclip,caf,huber,mca,foolsgold,lasa,flame,signguard,clippedclustering,fldetector,arc+mean,nnm+mean"
+    )
+    digests = []
+    for threads in (1, 2, 3):
+        env = {**os.environ, "FEDRING_THREADS": str(threads)}
+        out = subprocess.run(
+            [sys.executable, "-c", THREAD_PROBE, rules], env=env, capture_output=True, text=True, check=True
+        )
+        digests.append(json.loads(out.stdout))
+    assert len(digests[0]) == 6 + len(rules.split(","))
+    assert digests[1] == digests[0]
+    assert digests[2] == digests[0]

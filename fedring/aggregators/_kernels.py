@@ -43,6 +43,10 @@ from ._blocks import BLOCK_BYTES, Gram, block_width, blocks, lerp_quantile
 T = TypeVar("T")
 SORT_BYTES = 1 << 20  # transposed block of the coordinate-wise sorts (fits in L2)
 ROW_RUN_BYTES = 1 << 20  # a column block's running row sum (stays in L2 while the rows stream past)
+# Column runs of a pass: a fixed number, not one per thread, so that a reduction over the runs
+# (Gram matrices, row norms) is added in one order whatever $FEDRING_THREADS, the cores or the
+# binding of a job; a pass keeps at most this many threads busy.
+RUNS = 8
 
 
 def _torch():
@@ -114,9 +118,11 @@ def map_blocks(task: Callable[[list[slice]], object], d: int, width: int) -> lis
 
     Each task gets a run of consecutive blocks (so it can reuse one buffer) and may write
     into disjoint column slices of shared output arrays. Returns the task results in order.
+    The partition depends on d and the width only (:data:`RUNS`), so the callers' float64
+    sums of the runs' results have the same bits on any number of threads.
     """
     sls = list(blocks(d, width))
-    k = max(1, min(len(sls), 4 * n_workers()))
+    k = max(1, min(len(sls), RUNS))
     runs = [sls[i * len(sls) // k : (i + 1) * len(sls) // k] for i in range(k)]
     return list(_pool_executor().map(task, runs))
 
