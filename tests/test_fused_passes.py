@@ -11,6 +11,7 @@ or an infinity, or are finite with squares or column sums that overflow.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -66,6 +67,32 @@ def test_row_stats_has_the_bits_of_the_float64_copy_per_block(shape, k, dtype):
     np.testing.assert_array_equal(got_sq, sq)
     if k:
         np.testing.assert_array_equal(got_dots, dots)
+
+
+@pytest.mark.parametrize("shape", [(1, 700_001), (20, 70_001), (3, 5), (4, 256)])
+def test_sq_norms_keep_float32_accuracy(shape):
+    # a float32 dot product of K.SEGMENT = 256 values is within 256 u of the exact one in any order
+    # (u = 2^-24: 1.5e-5), and the segments are added in float64
+    X = rows(*shape)
+    X[0, :1000] = 1.0  # equal values: the summation's worst pattern
+    exact = np.array([math.fsum((r.astype(np.float64) ** 2).tolist()) for r in X])
+    got = K.sq_norms(X)
+    assert np.all(np.abs(got - exact) <= K.SEGMENT * 2.0**-24 * exact)
+    assert np.array_equal(K.sq_norms(X.astype(np.float64)), K.row_stats(X.astype(np.float64))[0])
+
+
+def test_sq_norms_take_again_the_rows_float32_cannot_square():
+    X = rows(6, 9000)
+    X[1, 5] = 3e20  # its float32 square overflows
+    X[2] = 1e-25  # every square underflows
+    X[3, 7] = np.nan
+    X[4, 0] = -np.inf
+    X[5] = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = K.row_stats(X)[0]
+        got = K.sq_norms(X)
+    np.testing.assert_array_equal(got[1:], want[1:])
+    assert abs(got[0] - want[0]) <= 1e-6 * want[0]
 
 
 def test_nonfinite_from_norms_checks_overflowing_rows_value_by_value():
@@ -160,7 +187,7 @@ R = rng.standard_normal((2, X.shape[1])).astype(np.float32)
 G = K.gram(X)
 sq, dots = K.row_stats(X, R)
 arrays = {"gram": G.C, "gram_h": G.h, "gram_pp": np.float64(G.pp), "row_stats": sq, "row_dots": dots,
-          "sign_gram": K.sign_gram(X)}
+          "sign_gram": K.sign_gram(X), "sq_norms": K.sq_norms(X)}
 for name in sys.argv[1].split(","):
     pre = name.removesuffix("+mean")
     rule = make_aggregator("mean", 4, {}, (pre,)) if name.endswith("+mean") else make_aggregator(name, 4)
@@ -182,6 +209,6 @@ def test_passes_give_the_same_bits_on_any_number_of_threads():
             [sys.executable, "-c", THREAD_PROBE, rules], env=env, capture_output=True, text=True, check=True
         )
         digests.append(json.loads(out.stdout))
-    assert len(digests[0]) == 6 + len(rules.split(","))
+    assert len(digests[0]) == 7 + len(rules.split(","))
     assert digests[1] == digests[0]
     assert digests[2] == digests[0]

@@ -47,6 +47,7 @@ ROW_RUN_BYTES = 1 << 20  # a column block's running row sum (stays in L2 while t
 # (Gram matrices, row norms) is added in one order whatever $FEDRING_THREADS, the cores or the
 # binding of a job; a pass keeps at most this many threads busy.
 RUNS = 8
+SEGMENT = 256  # float32 values a dot product of sq_norms sums before float64 takes over
 
 
 def _torch():
@@ -113,17 +114,24 @@ def _pool_executor() -> ThreadPoolExecutor:
     return _pool
 
 
-def map_blocks(task: Callable[[list[slice]], object], d: int, width: int) -> list:
+def map_blocks(task: Callable[[list[slice]], object], d: int, width: int, last_first: bool = False) -> list:
     """Run ``task(slices)`` on a partition of the column blocks into contiguous runs, in parallel.
 
     Each task gets a run of consecutive blocks (so it can reuse one buffer) and may write
     into disjoint column slices of shared output arrays. Returns the task results in order.
     The partition depends on d and the width only (:data:`RUNS`), so the callers' float64
-    sums of the runs' results have the same bits on any number of threads.
+    sums of the runs' results have the same bits on any number of threads. ``last_first`` starts
+    with the last runs: a pass right after another over the same rows then first reads the
+    blocks that the other left in the cache.
+
+    >>> map_blocks(lambda run: [sl.start for sl in run], 10, 3, last_first=True)
+    [[0], [3], [6], [9]]
     """
     sls = list(blocks(d, width))
     k = max(1, min(len(sls), RUNS))
     runs = [sls[i * len(sls) // k : (i + 1) * len(sls) // k] for i in range(k)]
+    if last_first:
+        return list(_pool_executor().map(task, runs[::-1]))[::-1]
     return list(_pool_executor().map(task, runs))
 
 
@@ -311,7 +319,7 @@ def scaled_mean(X: np.ndarray, scale: np.ndarray) -> np.ndarray:
                         np.add(acc, t, out=acc)
                 np.true_divide(acc, np.intp(n), out=acc, casting="unsafe")  # as ndarray.mean divides
 
-    map_blocks(task, d, width)
+    map_blocks(task, d, width, last_first=True)  # after the norms' pass (clipping, ARC)
     return out
 
 
@@ -379,6 +387,49 @@ def row_stats(X: np.ndarray, R: np.ndarray | None = None) -> tuple[np.ndarray, n
     parts = map_blocks(task, d, width)
     sq = sum(a for a, _ in parts)
     return sq, (sum(b for _, b in parts) if k else None)
+
+
+def sq_norms(X) -> np.ndarray:
+    """Squared row norms to scale the rows by (static clipping, ARC): float64, to float32 accuracy.
+
+    On float32 rows, as the device takes them (:func:`._kernels_torch.row_stats`), in float32 and
+    summed in float64: the dot products of runs of :data:`SEGMENT` values (BLAS, through
+    ``np.vecdot``), added in float64. A float32 sum of 256 non-negative values is within 255 u of
+    the exact one in any order (u = 2^-24), so the norms are within 1.6e-5 relative, whatever d;
+    the factors are rounded to float32 anyway. One pass with no copy, where :func:`row_stats`
+    keeps about 1e-15 at twice the cost. A row whose float32 squares overflow (entries beyond
+    about 1e19) or underflow (a norm below about 1e-15 sqrt(d)) is taken again by
+    :func:`row_stats`, as is a row holding NaN or an infinity (it stays non-finite). Other dtypes
+    and tensors: :func:`row_stats`.
+
+    >>> sq_norms(np.array([[3.0, 4.0], [1e20, 0.0], [1e-30, 0.0]], np.float32)).tolist()
+    [25.0, 1.0000000400817551e+40, 1.0000000063421537e-60]
+    """
+    if is_torch_array(X) or X.dtype != np.float32:
+        return row_stats(X)[0]
+    n, d = X.shape
+    width = min(d, max(SEGMENT, block_width(n, X.itemsize) // SEGMENT * SEGMENT))
+
+    def task(sls):
+        sq = np.zeros(n)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            for sl in sls:
+                B = X[:, sl]
+                m = B.shape[1] // SEGMENT * SEGMENT
+                if m:
+                    S = B[:, :m].reshape(n, -1, SEGMENT)
+                    sq += np.vecdot(S, S).sum(axis=1, dtype=np.float64)
+                if m < B.shape[1]:
+                    sq += np.vecdot(B[:, m:], B[:, m:])
+        return sq
+
+    sq = sum(map_blocks(task, d, width))
+    info = np.finfo(X.dtype)
+    # a float32 square below the smallest normal loses up to `tiny` each: no more than eps of the sum
+    again = np.flatnonzero(~np.isfinite(sq) | (sq < d * float(info.tiny) / float(info.eps)))
+    if again.size:
+        sq[again] = row_stats(X[again])[0]
+    return sq
 
 
 def for_sorted_columns(X: np.ndarray, fn: Callable[[slice, np.ndarray], None], scale: np.ndarray | None = None) -> None:

@@ -164,8 +164,9 @@ def row_stats(X: torch.Tensor, R=None) -> tuple[np.ndarray, np.ndarray | None]:
     which on a device would move three times the bytes of the pass.
 
     A row whose float32 squares or products overflow (entries beyond about 1e19, a Byzantine
-    upload's) is taken again from a float64 copy of that row alone, so that it gets numpy's finite
-    figures; a row holding NaN or an infinity stays non-finite either way."""
+    upload's) or whose squares underflow (as :func:`._kernels.sq_norms`) is taken again from a
+    float64 copy of that row alone, so that it gets numpy's figures; a row holding NaN or an
+    infinity stays non-finite either way."""
     n, d = X.shape
     Rt = None if R is None else _on(R, X).to(X.dtype)
     k = 0 if Rt is None else Rt.shape[0]
@@ -177,7 +178,8 @@ def row_stats(X: torch.Tensor, R=None) -> tuple[np.ndarray, np.ndarray | None]:
         if Rt is not None:
             dots += (B @ Rt[:, sl].T).double()
     sq_h, dots_h = _numpy(sq), _numpy(dots)
-    again = np.flatnonzero(~np.isfinite(sq_h) | ~np.isfinite(dots_h).all(axis=1))
+    info = torch.finfo(X.dtype)
+    again = np.flatnonzero(~np.isfinite(sq_h) | ~np.isfinite(dots_h).all(axis=1) | (sq_h < d * info.tiny / info.eps))
     for i in again.tolist():
         row = X[i].double()
         sq_h[i] = float(torch.dot(row, row))

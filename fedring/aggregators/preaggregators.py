@@ -10,15 +10,16 @@ import numpy as np
 from fedring.arrays import on_host
 from fedring.validate import integer, real
 
-from ._kernels import combine, gram, nonfinite_rows, row_stats, scaled_mean, small
+from ._kernels import combine, gram, nonfinite_rows, scaled_mean, small, sq_norms
 from .base import AggregateResult, PreAggregator, nonfinite_from_norms, register_pre
 from .coordinatewise import Mean
 
 
 class RowScaling(PreAggregator):
     """A pre-aggregator that multiplies each row by a factor of the rows' norms (static clipping,
-    ARC): ``factors`` from the squared norms, one blocked pass for them; in front of the mean, the
-    clipped mean straight from the rows (:meth:`then_checked`), without the scaled copy."""
+    ARC): ``factors`` from the squared norms, one blocked pass for them (:func:`._kernels.sq_norms`,
+    float32-accurate); in front of the mean, the clipped mean straight from the rows
+    (:meth:`then_checked`), without the scaled copy."""
 
     def clips(self, n: int) -> bool:
         """Whether any of ``n`` rows may be scaled (else the rows pass as they are, with no pass)."""
@@ -32,14 +33,14 @@ class RowScaling(PreAggregator):
         n = X.shape[0]
         if not self.clips(n):
             return X, np.arange(n)
-        return X * small(self.factors(row_stats(X)[0])[:, None], X), np.arange(n)
+        return X * small(self.factors(sq_norms(X))[:, None], X), np.arange(n)
 
     def then_checked(self, rule, X, state, reference, rng):
         """The mean of the scaled rows, the bits of ``Mean`` on ``transform(X)``, in one pass
         after the norms' (which also show which rows are finite), without the scaled copy."""
         if type(rule) is not Mean:
             return None
-        sq = row_stats(X)[0]
+        sq = sq_norms(X)
         excluded = nonfinite_from_norms(X, sq)
         if excluded.any():
             return excluded
