@@ -273,7 +273,10 @@ def t_ring_rules() -> str:
         raise SystemExit(f"cli_keys.py: ring-rule keys without a meaning in RING_KEY_MEANING: {missing}")
     rules = {name: RING_RULES.build(name, {}, n_clients=100) for name, cls in RING_RULES.items() if name in RULE_KEYS}
     small = {name: RING_RULES.build(name, {}, n_clients=10) for name in rules}
-    rows = [["`mean`", "—", "—", "plain ring-all-reduce, no defence, no keys"]]
+    rows = [
+        ["`mean`", "—", "—", "plain ring-all-reduce, no defence, no keys"],
+        ["`crfl`", "—", "—", "CRFL's step on the ring's mean on every client: the server rule's `[crfl]` keys"],
+    ]
     for key in (*(k for name in RULE_KEYS for k in RULE_KEYS[name]), *COMMON_KEYS):
         owners = [name for name in rules if key in RULE_KEYS[name] or key in COMMON_KEYS]
         attr = RING_KEY_ATTR.get(key)

@@ -129,6 +129,6 @@ def test_every_attack_runs_in_both_topologies_and_changes_the_model(results, top
         assert 0 <= run["metrics"]["attack_success_rate"][-1] <= 1
 
 
-def test_ring_rules_are_ring_all_reduce_and_the_sign_family():
+def test_ring_rules_are_ring_all_reduce_crfl_and_the_sign_family():
     assert set(SIGN_RULES) == {"brace", "signsgd", "rlr"}
-    assert list(RING_RULES) == ["brace", "mean", "rlr", "signsgd"]
+    assert list(RING_RULES) == ["brace", "crfl", "mean", "rlr", "signsgd"]

@@ -37,6 +37,8 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
+import torch
+from mpi4py import MPI
 
 from fedring.aggregators import make_aggregator
 from fedring.aggregators._clustering import kmeans_labels_of_columns
@@ -44,7 +46,10 @@ from fedring.aggregators.auror import center_gaps, sklearn_center_gaps
 from fedring.aggregators.dnc import dnc_scores
 from fedring.aggregators.foolsgold import foolsgold_weights
 from fedring.aggregators.signguard import sign_features
+from fedring.comm import RING_RULES, Layout
+from fedring.comm.network import Network
 from fedring.errors import ConfigError
+from fedring.rng import Stream, generator
 
 RTOL, ATOL = 1e-12, 1e-15
 
@@ -648,6 +653,23 @@ def test_crfl_matches_flpoison(case):
     close(rule.clipped_mean(np.array(NC_X)) + np.array(draws), want)
     res = rule.aggregate(np.array(NC_X), rng=np.random.default_rng(2))
     close(res.vector, rule.clipped_mean(np.array(NC_X)) + noise * np.random.default_rng(2).standard_normal(4))
+
+
+def test_crfl_on_the_ring_is_the_server_rule_on_the_rings_mean():
+    # integer-valued rows: the ring's sum is exact, so its update is the server rule's, bit for bit,
+    # the noise included (the same stream and draw); the mean's norm (about 350) is clipped to 20
+    X = np.random.default_rng(4).integers(-50, 51, (7, 1001)).astype(np.float32)
+    settings = {"threshold": 20.0, "noise": 0.01}
+    server = make_aggregator("crfl", 0, settings)
+    ring = RING_RULES.build("crfl", settings, n_clients=7, seed=11)
+    for t in (0, 5):
+        got = ring(Network(Layout(7, MPI.COMM_SELF)), X.copy(), t)
+        want = server.aggregate(X, rng=generator(11, Stream.AGGREGATOR, step=t)).vector
+        assert got.dtype == np.float32 and got.tobytes() == want.tobytes()
+        on_device = ring(Network(Layout(7, MPI.COMM_SELF)), torch.from_numpy(X.copy()), t)  # CPU tensors
+        assert on_device.numpy().tobytes() == want.tobytes()
+    assert ring.centralized(X).tobytes() == server.clipped_mean(X).tobytes()
+    assert abs(np.linalg.norm(ring.centralized(X).astype(np.float64)) - 20.0) < 1e-4
 
 
 # --------------------------------------------------------------------------------------

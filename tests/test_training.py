@@ -36,11 +36,14 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """``{ranks}/{name}.h5``: SMALL on the ring and on a server on 1, 2 and 4 ranks, LEARN on 2."""
+    """``{ranks}/{name}.h5``: SMALL on the ring (its mean and CRFL) and on a server on 1, 2 and 4
+    ranks, LEARN on 2."""
     root = tmp_path_factory.mktemp("training")
     for ranks in (1, 2, 4):
         (root / str(ranks)).mkdir()
         configs = {topology: [*SMALL, "--topology", topology] for topology in ("ring", "server")}
+        # a ring rule that draws each round: CRFL's noise and a clip that binds
+        configs["ring-crfl"] = [*SMALL, "--topology", "ring", "--aggregator", "crfl", "--set", "crfl.threshold=0.05"]
         if ranks == 2:
             configs["learn"] = LEARN
         out = {name: [*args, "--out", str(root / str(ranks) / f"{name}.h5")] for name, args in configs.items()}
@@ -59,7 +62,7 @@ def load(path):
         )
 
 
-@pytest.mark.parametrize("topology", ["ring", "server"])
+@pytest.mark.parametrize("topology", ["ring", "server", "ring-crfl"])
 def test_same_seed_same_results_on_1_2_4_ranks(runs, topology):
     loaded = [load(runs / str(ranks) / f"{topology}.h5") for ranks in (1, 2, 4)]
     _, metrics0, bytes0, server0, model0 = loaded[0]

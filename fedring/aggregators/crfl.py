@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedring.comm.network import Network
+from fedring.comm.ring import RING_RULES, Aggregation, RingAllReduce
+from fedring.rng import Stream, generator
 from fedring.validate import real
 
 from ._kernels import background, mean, small, sqnorm
@@ -55,6 +58,16 @@ class CRFL(Aggregator):
         mean *= small(np.asarray(min(1.0, self.threshold / (float(np.sqrt(sq)) + 1e-10))), X)
         return mean
 
+    def step(self, avg, rng: np.random.Generator):
+        """CRFL's step on a mean ``avg`` (a fresh array, changed in place): clipped to norm ρ, plus
+        the noise drawn from ``rng`` in float64 and cast to ``avg``'s dtype, as the rule adds it."""
+        out = self._clip(avg, sqnorm(avg), avg)
+        if self.noise > 0:
+            noise = rng.standard_normal(avg.shape[0])
+            noise *= self.noise
+            out += small(noise, avg)
+        return out
+
     def _aggregate_checked(self, X, state, reference, rng):
         # The noise does not depend on the rows: it is drawn on a worker while the mean is summed,
         # and rng is rewound when a non-finite row means that this call must not draw.
@@ -72,3 +85,46 @@ class CRFL(Aggregator):
             noise *= self.noise
             out += small(noise, X)
         return AggregateResult(out)
+
+
+@RING_RULES.register
+class RingCRFL(RingAllReduce):
+    r"""CRFL on the ring: ring-all-reduce's mean, then CRFL's server step on every replica.
+
+    .. math:: \bar x \min\Big(1, \frac{\rho}{\|\bar x\| + 10^{-10}}\Big) + \mathcal N(0, \sigma^2 I)
+
+    The step needs nothing but the mean, so every client takes it on the mean the ring gives
+    it: the same clip (the same mean everywhere) and the same noise, drawn from the run's seed
+    and the round (the stream and draw of the server rule :class:`CRFL`, so on integer-valued
+    rows, whose ring sum is exact, the two rules give the same update). The noise is public to
+    every client that knows the seed, as a server's would be to whoever knows its seed; the
+    clip, which bounds what one round can move the model, is what defends. Settings: the
+    server rule's ``[crfl]`` keys, ``threshold`` (ρ) and ``noise`` (σ).
+
+    Example
+    -------
+    The mean (3, 4) has norm 5 and is scaled to norm 3 (in float32):
+
+    >>> from mpi4py import MPI
+    >>> from fedring.comm import Layout
+    >>> rows = np.array([[2.0, 4.0], [4.0, 4.0]], np.float32)
+    >>> RingCRFL(2, noise=0.0)(Network(Layout(2, MPI.COMM_SELF)), rows)
+    array([1.8000001, 2.4      ], dtype=float32)
+    """
+
+    name = "crfl"
+    params = ("threshold", "noise")
+    on_device = True
+
+    def __init__(self, n_clients: int, *, seed: int = 0, threshold: float = 3.0, noise: float = 0.001):
+        super().__init__(n_clients)
+        self.seed = seed
+        self.crfl = CRFL(threshold=threshold, noise=noise)
+
+    def aggregate(self, net: Network, grads, t: int = 0) -> Aggregation:
+        avg = super().aggregate(net, grads, t).update
+        return Aggregation(self.crfl.step(avg, generator(self.seed, Stream.AGGREGATOR, step=t)))
+
+    def centralized(self, G: np.ndarray) -> np.ndarray:
+        """The clipped mean: the noise does not depend on the rows."""
+        return self.crfl.clipped_mean(G)
