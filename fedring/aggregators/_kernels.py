@@ -186,6 +186,15 @@ def sqnorm(v) -> float:
     return float(np.dot(v, v))
 
 
+def all_finite(v) -> bool:
+    """Whether every value of the array ``v`` (either kind) is finite.
+
+    >>> all_finite(np.array([1.0, 2.0])), all_finite(np.array([1.0, np.inf]))
+    (True, False)
+    """
+    return bool(array_namespace(v).all(array_namespace(v).isfinite(v)))
+
+
 def background(task: Callable[..., T], *args) -> Future[T]:
     """``task(*args)`` on a worker thread of the passes (for work that overlaps a pass of the caller's)."""
     return _pool_executor().submit(task, *args)

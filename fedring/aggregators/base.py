@@ -12,7 +12,7 @@ from fedring.arrays import array_namespace, device, host, is_torch_array, like, 
 from fedring.registry import Registry
 from fedring.validate import integer
 
-from ._kernels import mean, nonfinite_rows, sqnorm
+from ._kernels import all_finite, mean, nonfinite_rows
 from .probe import Probe
 
 #: the server rules and the pre-aggregators, by name (``python -m fedring run --help`` lists them)
@@ -79,21 +79,20 @@ def nonfinite_from_norms(X: Any, sq: np.ndarray) -> np.ndarray:
     return excluded
 
 
-def checked_mean(X: Any) -> tuple[Any, float, np.ndarray | None]:
-    """The rows' mean (``_kernels.mean``: the bits of ``X.mean(axis=0)``), its float64 squared norm,
-    and the non-finite rows found from it: None when every row is finite. A column's mean is finite
-    only if the column is, so a finite mean needs no second pass; otherwise (a non-finite row, or
+def checked_mean(X: Any) -> tuple[Any, np.ndarray | None]:
+    """The rows' mean (``_kernels.mean``: the bits of ``X.mean(axis=0)``) and the non-finite rows
+    found from it: None when every row is finite. A column's mean is finite only if the column
+    is, so a finite mean needs no second pass over the rows; otherwise (a non-finite row, or
     finite rows whose sum overflowed) the rows are checked, and None again if all are finite.
 
-    >>> checked_mean(np.array([[1.0, 2.0], [3.0, np.nan]]))[2].tolist()
+    >>> checked_mean(np.array([[1.0, 2.0], [3.0, np.nan]]))[1].tolist()
     [False, True]
     """
     avg = mean(X)
-    sq = sqnorm(avg)
-    if np.isfinite(sq):
-        return avg, sq, None
+    if all_finite(avg):
+        return avg, None
     excluded = nonfinite_rows(X)
-    return avg, sq, excluded if excluded.any() else None
+    return avg, excluded if excluded.any() else None
 
 
 @AGGREGATORS.base

@@ -27,7 +27,7 @@ class Mean(Aggregator):
     on_device = True
 
     def _aggregate_checked(self, X, state, reference, rng):
-        out, _, excluded = checked_mean(X)  # one pass when every row is finite
+        out, excluded = checked_mean(X)  # one pass when every row is finite
         return AggregateResult(out) if excluded is None else excluded
 
 

@@ -73,13 +73,13 @@ class CRFL(Aggregator):
         # and rng is rewound when a non-finite row means that this call must not draw.
         start = rng.bit_generator.state
         draws = background(rng.standard_normal, X.shape[1]) if self.noise > 0 else None
-        avg, sq, excluded = checked_mean(X)
+        avg, excluded = checked_mean(X)
         if excluded is not None:
             if draws is not None:
                 draws.result()
                 rng.bit_generator.state = start
             return excluded
-        out = self._clip(avg, sq, X)
+        out = self._clip(avg, sqnorm(avg), X)
         if draws is not None:
             noise = draws.result()  # the host's draws
             noise *= self.noise
