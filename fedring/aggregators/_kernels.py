@@ -407,7 +407,7 @@ def sq_norms(X) -> np.ndarray:
     the exact one in any order (u = 2^-24), so the norms are within 1.6e-5 relative, whatever d;
     the factors are rounded to float32 anyway. One pass with no copy, where :func:`row_stats`
     keeps about 1e-15 at twice the cost. A row whose float32 squares overflow (entries beyond
-    about 1e19) or underflow (a norm below about 1e-15 sqrt(d)) is taken again by
+    about 1e19) or underflow (a norm below about 3e-16 sqrt(d)) is taken again by
     :func:`row_stats`, as is a row holding NaN or an infinity (it stays non-finite). Other dtypes
     and tensors: :func:`row_stats`.
 
