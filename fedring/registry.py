@@ -8,6 +8,9 @@ the settings section named after it (``[krum]``, ``[brace]``) or, for attacks, a
 :meth:`Registry.discover` so that every module in it is imported: adding a component is one
 new file (and its test). ``docs/contributing.md`` walks through it.
 
+A registry may also name modules elsewhere that define components of its kind (CRFL's ring
+rule, beside its server rule), imported when it is first read.
+
 Components outside the package register the same way from the user's own module
 (``--plugin MODULE``), or are named by an import path ``package.module:Name``, which
 :meth:`Registry.get` imports and checks (:mod:`fedring.plugins`, ``docs/tutorial.md``).
@@ -46,11 +49,19 @@ class Registry:
     fedring.errors.ConfigError: shape: unknown shape 'squar'; did you mean 'square'? allowed: square
     """
 
-    def __init__(self, kind: str, bases: tuple[type, ...] = (), requires: tuple[str, ...] = ()):
+    def __init__(
+        self, kind: str, bases: tuple[type, ...] = (), requires: tuple[str, ...] = (), modules: tuple[str, ...] = ()
+    ):
         self.kind = kind
         self.bases = bases
         self.requires = requires
         self._classes: dict[str, type[Any]] = {}  # any class: `requires` is checked at run time
+        # modules elsewhere that define components of this kind, imported when it is first read
+        self._modules = list(modules)
+
+    def _load(self) -> None:
+        while self._modules:
+            importlib.import_module(self._modules.pop(0))
 
     def base(self, cls: type) -> type:
         """Class decorator: every component of this kind must subclass ``cls`` (or another base)."""
@@ -106,16 +117,20 @@ class Registry:
             importlib.import_module(f"{package}.{module.name}")
 
     def __contains__(self, name: object) -> bool:
+        self._load()
         return name in self._classes
 
     def __iter__(self) -> Iterator[str]:
         """Names in alphabetical order (whatever order the modules were imported in)."""
+        self._load()
         return iter(sorted(self._classes))
 
     def __len__(self) -> int:
+        self._load()
         return len(self._classes)
 
     def __getitem__(self, name: str) -> type[Any]:
+        self._load()
         return self._classes[name]
 
     def items(self):
@@ -124,6 +139,7 @@ class Registry:
     def get(self, name: Any, key: str | None = None, hint: str = "") -> type[Any]:
         """The class registered as ``name``, or imported from the path ``package.module:Name`` (and
         registered under it); an unknown name raises ConfigError (with a suggestion)."""
+        self._load()
         if isinstance(name, str) and ":" in name and name not in self._classes:
             self._classes[name] = self._import(name, key or self.kind)
         if name not in self._classes:

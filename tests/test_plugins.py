@@ -395,3 +395,11 @@ def test_resume_imports_the_plugins_stored_in_the_file(tmp_path):
         assert json.loads(b.attrs["config"])["plugins"] == ["resume_lab"] and b.attrs["status"] == "complete"
         np.testing.assert_array_equal(a["model/final"][()], b["model/final"][()])
         np.testing.assert_array_equal(a["metrics/test_accuracy"][()], b["metrics/test_accuracy"][()])
+
+
+def test_a_registry_imports_the_modules_it_names_on_its_first_read():
+    # CRFL's ring rule is defined with its server rule: the comm layer's registry alone lists it,
+    # and reading it imports no torch (the comm layer never does)
+    code = "import sys; from fedring.comm import RING_RULES; print(','.join(RING_RULES), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["brace,crfl,mean,rlr,signsgd", "False"]

@@ -38,7 +38,8 @@ from fedring.registry import Registry
 from .network import Layout, Network, add, block_bounds
 
 #: the rules that aggregate over the ring (``--topology ring --aggregator NAME``)
-RING_RULES = Registry("ring rule")
+# CRFL's ring rule lives with its server rule (fedring.aggregators.crfl), imported on the first read
+RING_RULES = Registry("ring rule", modules=("fedring.aggregators.crfl",))
 
 
 def rotation(shift: int, n: int) -> Callable[[int], int]:
