@@ -32,7 +32,8 @@ def test_links_carry_what_the_ledger_counts(tmp_path):
     per rank (9d/8), the server 4d up and 4d down. The kernel's count of the links is at least
     that and at most 3 % more: a 9000-byte frame carries 66 bytes of Ethernet, IP and TCP headers
     (0.74 %), the other direction's acknowledgements as much again, MPI adds a header per message
-    and the timing a barrier (measured: 0.2-0.4 % above the ledger at this size)."""
+    and the timing a barrier (measured: 0.2-0.4 % above the ledger at this size), besides any TCP
+    segment sent again (a drop at a full queue under load: once 5.7 % more on a CI run)."""
     reason = namespaces_unavailable()
     if reason:
         pytest.skip(reason)
@@ -60,8 +61,10 @@ def test_links_carry_what_the_ledger_counts(tmp_path):
     )
     records = {r["op"]: r for r in json.loads(out.read_text())}
     assert {op: r["ledger_bytes"] for op, r in records.items()} == {"ring": 8 * d, "brace": 9 * d // 8, "server": 8 * d}
+    frame = netem.LINK["mtu"] + 14  # a segment sent again crosses the link again: one Ethernet frame at most
     for op, r in records.items():
-        assert r["ledger_bytes"] <= r["link_bytes"] <= 1.03 * r["ledger_bytes"], op
+        again = r["retransmitted_segments"] * frame
+        assert r["ledger_bytes"] <= r["link_bytes"] <= 1.03 * r["ledger_bytes"] + again, op
     # each phase's busiest direction carries half the ledger's bytes of that phase, at 1e9 bit/s
     assert records["ring"]["bound_seconds"] == pytest.approx(4 * d * 8 / 1e9)
     assert records["server"]["bound_seconds"] == pytest.approx(8 * d * 8 / 1e9)

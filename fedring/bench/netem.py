@@ -296,5 +296,14 @@ def link_counters(device: str = "eth0") -> tuple[int, int]:
     raise RuntimeError(f"no network device {device} in this namespace")
 
 
+def tcp_retransmits() -> int:
+    """TCP segments the calling process's network namespace has sent again (``RetransSegs`` of
+    ``/proc/net/snmp``, per namespace): each one crosses the link twice, which the link's byte
+    counters include and the ledger's payload does not."""
+    with open("/proc/net/snmp") as f:
+        rows = [line.split() for line in f if line.startswith("Tcp:")]
+    return int(rows[1][rows[0].index("RetransSegs")])
+
+
 if __name__ == "__main__":
     sys.exit(_head(json.loads(sys.argv[1])))

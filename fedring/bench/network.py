@@ -13,8 +13,9 @@ Each record: ``op``, ``elements``, ``nodes``, ``ranks_per_node``, ``rate_bps``, 
 run, from the kernel's counters of each node's interface: payload, TCP/IP and Ethernet headers,
 acknowledgements, MPI's own headers, the timing's barrier), ``ledger_bytes`` (the payload bytes
 fedring's ledger counted on messages between nodes; None for ``native``, whose messages MPI
-does not report) and ``busiest_link_bytes`` (the kernel's count on the busiest direction of any
-node's link).
+does not report), ``busiest_link_bytes`` (the kernel's count on the busiest direction of any
+node's link) and ``retransmitted_segments`` (TCP segments the nodes sent again in one run, each
+at most one frame more on the links; a mean when there are several repeats).
 
 ``bound_seconds`` is the time the op's bytes need at the link rate: for each of its phases one
 after the other (reduce-scatter then all-gather; the uplink then the downlink), the ledger's
@@ -209,9 +210,9 @@ def worker(args: argparse.Namespace) -> int:
     rate_bytes = args.rate_bps / 8
 
     def probe() -> np.ndarray:
-        counters = np.zeros((nodes, 2), np.int64)
+        counters = np.zeros((nodes, 3), np.int64)  # bytes sent, received, TCP segments sent again
         if leader:
-            counters[node] = netem.link_counters()
+            counters[node] = (*netem.link_counters(), netem.tcp_retransmits())
         return counters
 
     variants = {**SIGN_VARIANTS, "brace_symmetric": ("brace", {"rule": "symmetric"})}
@@ -243,7 +244,8 @@ def worker(args: argparse.Namespace) -> int:
                     else float(ledger.max(axis=(1, 2)).sum() / rate_bytes),
                     "link_bytes": int(wire[:, 0].sum()),
                     "ledger_bytes": None if ledger is None else int(ledger[:, :, 0].sum()),
-                    "busiest_link_bytes": int(wire.max()),
+                    "busiest_link_bytes": int(wire[:, :2].max()),
+                    "retransmitted_segments": float(wire[:, 2].sum()),
                     "wait": net.wait,
                 }
             )
