@@ -50,23 +50,16 @@ class CRFL(Aggregator):
 
     def clipped_mean(self, X: np.ndarray) -> np.ndarray:
         """The deterministic part: the mean clipped to norm ρ."""
-        avg = mean(X)
-        return self._clip(avg, sqnorm(avg), X)
+        return self.step(mean(X), None)
 
-    def _clip(self, mean, sq: float, X):
-        """``mean`` (a fresh array, scaled in place) clipped to norm ρ, given its squared norm ``sq``."""
-        mean *= small(np.asarray(min(1.0, self.threshold / (float(np.sqrt(sq)) + 1e-10))), X)
-        return mean
-
-    def step(self, avg, rng: np.random.Generator):
+    def step(self, avg, draws: np.ndarray | None):
         """CRFL's step on a mean ``avg`` (a fresh array, changed in place): clipped to norm ρ, plus
-        the noise drawn from ``rng`` in float64 and cast to ``avg``'s dtype, as the rule adds it."""
-        out = self._clip(avg, sqnorm(avg), avg)
-        if self.noise > 0:
-            noise = rng.standard_normal(avg.shape[0])
-            noise *= self.noise
-            out += small(noise, avg)
-        return out
+        σ times the standard normal ``draws`` (float64, cast to ``avg``'s dtype; None: no noise)."""
+        avg *= small(np.asarray(min(1.0, self.threshold / (float(np.sqrt(sqnorm(avg))) + 1e-10))), avg)
+        if draws is not None:
+            draws *= self.noise
+            avg += small(draws, avg)
+        return avg
 
     def _aggregate_checked(self, X, state, reference, rng):
         # The noise does not depend on the rows: it is drawn on a worker while the mean is summed,
@@ -79,12 +72,7 @@ class CRFL(Aggregator):
                 draws.result()
                 rng.bit_generator.state = start
             return excluded
-        out = self._clip(avg, sqnorm(avg), X)
-        if draws is not None:
-            noise = draws.result()  # the host's draws
-            noise *= self.noise
-            out += small(noise, X)
-        return AggregateResult(out)
+        return AggregateResult(self.step(avg, None if draws is None else draws.result()))
 
 
 @RING_RULES.register
@@ -123,7 +111,8 @@ class RingCRFL(RingAllReduce):
 
     def aggregate(self, net: Network, grads, t: int = 0) -> Aggregation:
         avg = super().aggregate(net, grads, t).update
-        return Aggregation(self.crfl.step(avg, generator(self.seed, Stream.AGGREGATOR, step=t)))
+        rng = generator(self.seed, Stream.AGGREGATOR, step=t)
+        return Aggregation(self.crfl.step(avg, rng.standard_normal(avg.shape[0]) if self.crfl.noise > 0 else None))
 
     def centralized(self, G: np.ndarray) -> np.ndarray:
         """The clipped mean: the noise does not depend on the rows."""
