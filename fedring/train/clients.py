@@ -96,10 +96,7 @@ class Clients:
             return {}
         lo = self.layout.lo
         clean = [c for c in self.layout.local_clients if taking[c - lo] and not self.data_poisoned(c)]
-        drawn = {
-            c: list(self.batch_indices(self.shards[c - lo], generator(self.seed, Stream.BATCH, client=c, step=t)))
-            for c in clean
-        }
+        drawn = {c: list(self.batch_indices(self.shards[c - lo], self.batch_draws(t, c))) for c in clean}
         if not drawn:
             return {}
         on_device = self.stage.tensor(np.concatenate([idx for c in clean for idx in drawn[c]]))
@@ -170,7 +167,7 @@ class Clients:
                 first.append(loss)
             return host(g[s]).copy(), loss
 
-        rng = generator(self.seed, Stream.BATCH, client=c, step=t)  # the draws of its honest batches, continued
+        rng = self.batch_draws(t, c)  # the draws of its honest batches, continued
         batches = chain.from_iterable(self.local_batches(shard, rng) for _ in count())
         w0 = host(w).view()
         w0.flags.writeable = False  # the replica's weights on the host path
@@ -200,6 +197,10 @@ class Clients:
             if row is not out:
                 out[...] = like(row, out)
 
+    def batch_draws(self, t: int, client: int) -> np.random.Generator:
+        """The generator of ``client``'s batches in round ``t``, on either path."""
+        return generator(self.seed, Stream.BATCH, client=client, step=t)
+
     def data_poisoned(self, client: int) -> bool:
         """Whether ``client`` trains on batches a data attack changes."""
         return bool(self.poisoned[client]) and self.data_attack is not None
@@ -207,7 +208,7 @@ class Clients:
     def batches(self, t: int, client: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """``client``'s mini-batches of round ``t`` on the host, poisoned when it runs a data attack."""
         shard = self.shards[client - self.layout.lo]
-        rng = generator(self.seed, Stream.BATCH, client=client, step=t)
+        rng = self.batch_draws(t, client)
         if not self.data_poisoned(client):
             return self.local_batches(shard, rng)
         assert self.data_attack is not None
