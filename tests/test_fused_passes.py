@@ -19,9 +19,10 @@ import sys
 import numpy as np
 import pytest
 
-from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS, make_aggregator
+from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS, base, make_aggregator, preaggregators
 from fedring.aggregators import _kernels as K
-from fedring.aggregators.base import nonfinite_from_norms
+from fedring.aggregators.base import Aggregator, GramRule, PreAggregator, nonfinite_from_norms
+from fedring.aggregators.preaggregators import NNM
 
 
 def rows(n: int, d: int, dtype=np.float32, seed: int = 0) -> np.ndarray:
@@ -31,9 +32,12 @@ def rows(n: int, d: int, dtype=np.float32, seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape", [(20, 70001), (64, 1), (64, 2), (64, 3), (3, 5), (1, 7), (7, 262145), (2, 65537)])
+@pytest.mark.parametrize(
+    "shape", [(20, 70001), (64, 1), (64, 2), (64, 3), (3, 5), (1, 7), (7, 262145), (2, 65537), (64, 65537)]
+)
 def test_scaled_mean_is_the_mean_of_the_scaled_copy(shape, dtype):
-    # numpy reduces axis 0 row after row for d > 1 and pairwise for d = 1 (n = 64 tells them apart)
+    # numpy reduces axis 0 row after row for d > 1 and pairwise for d = 1 (n = 64 tells them apart);
+    # 65537 columns end in a block of one column of the plain mean (in both dtypes)
     X = rows(*shape, dtype=dtype)
     scale = np.random.default_rng(1).uniform(0.1, 1.0, shape[0])
     scale[::3] = 1.0
@@ -151,6 +155,91 @@ def test_fused_check_gives_the_plain_paths_bits(name, dtype, case):
         assert res.excluded.tolist() == bad.tolist()
     assert res.vector.dtype == dtype
     np.testing.assert_array_equal(res.vector, want)
+
+
+GRAM_RULES = sorted(n for n in AGGREGATORS if issubclass(AGGREGATORS[n], GramRule))
+
+
+def gram_rule(name: str, f: int):
+    if name == "nnm+mean":
+        return make_aggregator("mean", f, {}, ("nnm",))
+    if name == "geomed-zero":  # a Gram with an extra row
+        return make_aggregator("geomed", f, {"init": "zero"})
+    if name == "monna-0":  # ByzFL's form: the distances to row 0
+        return make_aggregator("monna", f, {"idx": 0})
+    return make_aggregator(name, f)
+
+
+def reference(X):
+    return np.linspace(-1.0, 1.0, X.shape[1]).astype(X.dtype)
+
+
+def test_the_gram_rules_are_those_whose_first_pass_is_the_gram():
+    assert GRAM_RULES == [
+        "bulyan", "caf", "cclip", "copod", "geomed", "huber", "krum", "mca", "mda", "monna", "multikrum",
+        "simpleclustering", "smea",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [*GRAM_RULES, "geomed-zero", "monna-0", "nnm+mean"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", ["finite", "nan-and-inf", "overflow", "pivot-nan"])
+def test_gram_rules_read_finiteness_off_their_gram_with_the_plain_paths_bits(name, dtype, case, monkeypatch):
+    # the plain path: nonfinite_rows' own pass, then the rule (its Gram pass) on the finite rows
+    X = rows(12, 5003, dtype=dtype)
+    if case == "nan-and-inf":
+        X[3, 100] = np.nan
+        X[11, 0] = -np.inf
+    elif case == "overflow":  # a finite row whose squares overflow (float32 in the Gram's products)
+        X[5, 7] = 3e30 if dtype == np.float32 else 1e200
+    elif case == "pivot-nan":  # the pivot itself is bad: every distance is NaN
+        X[K.pivot_row(X), 4000] = np.nan
+    f = 2 if name == "bulyan" else 3
+
+    def run():
+        try:
+            return gram_rule(name, f).aggregate(X, reference=reference(X), rng=np.random.default_rng(3))
+        except (np.linalg.LinAlgError, ValueError) as e:  # CAF, SMEA, SimpleClustering on an infinite Gram
+            return type(e)
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        res = run()
+        monkeypatch.setattr(GramRule, "_aggregate_checked", Aggregator._aggregate_checked)
+        monkeypatch.setattr(NNM, "then_checked", PreAggregator.then_checked)
+        want = run()
+    if not isinstance(want, tuple):
+        assert case == "overflow" and res is want
+        return
+    bad = K.nonfinite_rows(X)
+    assert (res.excluded is None) == (want.excluded is None) == (not bad.any())
+    if bad.any():
+        assert res.excluded.tolist() == want.excluded.tolist() == bad.tolist()
+    assert res.vector.dtype == dtype
+    np.testing.assert_array_equal(res.vector, want.vector)
+    if want.selected is not None:
+        np.testing.assert_array_equal(res.selected, want.selected)
+
+
+@pytest.mark.parametrize("name", [*GRAM_RULES, "geomed-zero", "monna-0", "nnm+mean"])
+def test_gram_rules_make_one_gram_pass_and_no_other_check_on_finite_rows(name, monkeypatch):
+    calls = {"gram": 0, "nonfinite_rows": 0}
+    real_gram, real_nonfinite = K.gram, K.nonfinite_rows
+
+    def counted(fn, key):
+        def wrapper(*args, **kw):
+            calls[key] += 1
+            return fn(*args, **kw)
+
+        return wrapper
+
+    for module in {sys.modules[AGGREGATORS[n].__module__] for n in GRAM_RULES} | {base, preaggregators}:
+        if hasattr(module, "gram"):
+            monkeypatch.setattr(module, "gram", counted(real_gram, "gram"))
+        if hasattr(module, "nonfinite_rows"):
+            monkeypatch.setattr(module, "nonfinite_rows", counted(real_nonfinite, "nonfinite_rows"))
+    X = rows(12, 5003)
+    gram_rule(name, 2 if name == "bulyan" else 3).aggregate(X, reference=reference(X), rng=np.random.default_rng(3))
+    assert calls == {"gram": 1, "nonfinite_rows": 0}
 
 
 def test_crfl_leaves_the_generator_where_the_finite_rows_leave_it():

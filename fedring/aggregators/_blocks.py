@@ -34,10 +34,11 @@ def pivot_row(X: np.ndarray, chunks: int = 16, width: int = 128) -> int:
     else:
         starts = np.linspace(0, d - width, chunks).astype(np.int64)
         S = np.concatenate([X[:, s : s + width] for s in starts], axis=1).astype(np.float64)
-    S -= S[0]
-    sq = np.einsum("ij,ij->i", S, S)
-    D = sq[:, None] + sq[None, :] - 2.0 * (S @ S.T)
-    return int(np.sqrt(np.maximum(D, 0.0)).sum(axis=1).argmin())
+    with np.errstate(over="ignore", invalid="ignore"):  # a non-finite row (GramRule finds it)
+        S -= S[0]
+        sq = np.einsum("ij,ij->i", S, S)
+        D = sq[:, None] + sq[None, :] - 2.0 * (S @ S.T)
+        return int(np.sqrt(np.maximum(D, 0.0)).sum(axis=1).argmin())
 
 
 class Gram:

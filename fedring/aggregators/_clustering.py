@@ -120,7 +120,7 @@ def centred_column_gram(X: np.ndarray, cols: np.ndarray) -> np.ndarray:
             if hi > lo:
                 B = X[:, cols[lo:hi]]
                 B -= B.mean(axis=0)
-                K += B @ B.T
+                K += np.dot(B, B.T)
         return K
 
     K = sum(map_blocks(task, d, width))

@@ -15,7 +15,10 @@ their rows, which uses numpy's SIMD sort on short contiguous rows instead of str
 selection along axis 0.
 
 Every pass splits the columns over worker threads (numpy and BLAS release the GIL) and
-needs O(n x block) extra memory per worker, never a copy of the input.
+needs O(n x block) extra memory per worker, never a copy of the input. The passes multiply with
+``np.dot``, not ``@``: numpy's matmul holds the GIL around its BLAS call for a matrix times a
+matrix or a vector, which ran the workers' products one at a time
+(``benchmarks/blas_threads.py``); on contiguous blocks ``np.dot`` gives the same bits.
 
 Every kernel also takes a torch tensor, on any device: it then runs there, in
 :mod:`._kernels_torch` (imported on the first tensor, so the host path never imports torch),
@@ -43,6 +46,7 @@ from ._blocks import BLOCK_BYTES, Gram, block_width, blocks, lerp_quantile
 T = TypeVar("T")
 SORT_BYTES = 1 << 20  # transposed block of the coordinate-wise sorts (fits in L2)
 ROW_RUN_BYTES = 1 << 20  # a column block's running row sum (stays in L2 while the rows stream past)
+REDUCE_BYTES = 1 << 18  # a column block of the plain mean, summed by numpy's reduction
 # Column runs of a pass: a fixed number, not one per thread, so that a reduction over the runs
 # (Gram matrices, row norms) is added in one order whatever $FEDRING_THREADS, the cores or the
 # binding of a job; a pass keeps at most this many threads busy.
@@ -234,22 +238,27 @@ def gram(X: np.ndarray, extra: np.ndarray | None = None) -> Gram:
         C = np.zeros((m, m))
         h = np.zeros(m)
         pp = 0.0
-        buf = np.empty((m, width), wd)
-        for sl in sls:
-            B = buf[:, : sl.stop - sl.start]
-            piv = X[p, sl]
-            np.subtract(X[:, sl], piv, out=B[:n])
-            if k:
-                np.subtract(extra[:, sl], piv, out=B[n:], casting="unsafe")
-            C += B @ B.T
-            h += B @ piv
-            pp += float(np.dot(piv, piv))
+        flat = np.empty(m * width, wd)
+        # non-finite rows give non-finite distances, which GramRule reads; a worker thread does
+        # not inherit the caller's np.errstate
+        with np.errstate(over="ignore", invalid="ignore"):
+            for sl in sls:
+                # a contiguous block: np.dot gives matmul's bits on it, not on a strided view
+                B = flat[: m * (sl.stop - sl.start)].reshape(m, -1)
+                piv = X[p, sl]
+                np.subtract(X[:, sl], piv, out=B[:n])
+                if k:
+                    np.subtract(extra[:, sl], piv, out=B[n:], casting="unsafe")
+                C += np.dot(B, B.T)
+                h += np.dot(B, piv)
+                pp += float(np.dot(piv, piv))
         return C, h, pp
 
     parts = map_blocks(task, d, width)
-    C = sum(c for c, _, _ in parts)
-    C = 0.5 * (C + C.T)
-    return Gram(C, sum(h for _, h, _ in parts), sum(pp for _, _, pp in parts))
+    with np.errstate(over="ignore", invalid="ignore"):
+        C = sum(c for c, _, _ in parts)
+        C = 0.5 * (C + C.T)
+        return Gram(C, sum(h for _, h, _ in parts), sum(pp for _, _, pp in parts))
 
 
 def sqdist_to(X, v=None, idx: int | None = None) -> np.ndarray:
@@ -284,9 +293,9 @@ def combine(w: np.ndarray, X: np.ndarray, extra: np.ndarray | None = None) -> np
 
     def task(sls):
         for sl in sls:
-            out[..., sl] = wx @ X[:, sl]
+            out[..., sl] = np.dot(wx, X[:, sl])
             if we is not None:
-                out[..., sl] += we @ extra[:, sl].astype(X.dtype, copy=False)
+                out[..., sl] += np.dot(we, extra[:, sl].astype(X.dtype, copy=False))
 
     map_blocks(task, d, block_width(n, X.itemsize, 4 * BLOCK_BYTES))
     return out
@@ -298,8 +307,9 @@ def scaled_mean(X: np.ndarray, scale: np.ndarray) -> np.ndarray:
     The bits of ``(X * scale[:, None].astype(X.dtype)).mean(axis=0)`` without the scaled copy, in
     one parallel pass over column blocks: for d > 1 numpy reduces axis 0 row after row (the
     first row, then each next one added), which each block repeats in place, multiplying only
-    the rows whose scale is not 1; the division is elementwise. (For d = 1 numpy sums the column
-    pairwise: that case takes numpy's own path.)
+    the rows whose scale is not 1 (with every scale 1, numpy's reduction of the block along axis
+    0 does it); the division is elementwise. (For d = 1 numpy sums the column pairwise: that
+    case takes numpy's own path, and a block of one column the loop.)
 
     >>> scaled_mean(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), np.array([1.0, 0.5])).tolist()
     [1.25, 2.0]
@@ -311,7 +321,8 @@ def scaled_mean(X: np.ndarray, scale: np.ndarray) -> np.ndarray:
     if d == 1:
         return (X * sc[:, None]).mean(axis=0)
     out = np.empty(d, X.dtype)
-    width = min(d, ROW_RUN_BYTES // X.itemsize)
+    ones = bool(np.all(sc == 1)) and X.strides[1] == X.itemsize  # numpy sums such a block row after row
+    width = min(d, (REDUCE_BYTES if ones else ROW_RUN_BYTES) // X.itemsize)
 
     def task(sls):
         tmp = np.empty(width, X.dtype)
@@ -319,6 +330,10 @@ def scaled_mean(X: np.ndarray, scale: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore"):
             for sl in sls:
                 acc, t = out[sl], tmp[: sl.stop - sl.start]
+                if ones and sl.stop - sl.start > 1:  # numpy's own loop: row after row, as below
+                    np.add.reduce(X[:, sl], axis=0, out=acc)
+                    np.true_divide(acc, np.intp(n), out=acc, casting="unsafe")
+                    continue
                 np.multiply(X[0, sl], sc[0], out=acc)
                 for i in range(1, n):
                     if sc[i] == 1:
@@ -390,7 +405,7 @@ def row_stats(X: np.ndarray, R: np.ndarray | None = None) -> tuple[np.ndarray, n
             B[...] = X[:, sl]
             sq += np.einsum("ij,ij->i", B, B)
             if k:
-                dots += B @ R[:, sl].astype(np.float64).T
+                dots += np.dot(B, R[:, sl].astype(np.float64).T)
         return sq, dots
 
     parts = map_blocks(task, d, width)
@@ -503,7 +518,7 @@ def sign_gram(X: np.ndarray) -> np.ndarray:
         for sl in sls:
             S = buf[:, : sl.stop - sl.start]
             np.sign(X[:, sl], out=S, casting="unsafe")
-            acc += np.rint(S @ S.T).astype(np.int64)
+            acc += np.rint(np.dot(S, S.T)).astype(np.int64)
         return acc
 
     return sum(map_blocks(task, d, width))

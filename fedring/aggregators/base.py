@@ -12,7 +12,8 @@ from fedring.arrays import array_namespace, device, host, is_torch_array, like, 
 from fedring.registry import Registry
 from fedring.validate import integer
 
-from ._kernels import all_finite, mean, nonfinite_rows
+from ._blocks import Gram
+from ._kernels import all_finite, gram, mean, nonfinite_rows
 from .probe import Probe
 
 #: the server rules and the pre-aggregators, by name (``python -m fedring run --help`` lists them)
@@ -276,6 +277,39 @@ class Aggregator:
         return f"{type(self).__name__}(f={self.f}{', ' if args else ''}{args})"
 
 
+class GramRule(Aggregator):
+    """A rule whose first pass over the rows is their Gram matrix (:func:`._kernels.gram`), which
+    it takes in ``_aggregate_gram``; the pass also shows which rows are finite.
+
+    Row i's squared distance to the pivot, ``G.C[i, i]``, is a sum of squares: NaN or infinite
+    when the row or the pivot holds NaN or an infinity, finite otherwise unless the squares
+    overflow (float32 entries above about 1e19). So only the rows with a non-finite one are
+    checked value by value (:func:`nonfinite_from_norms`), and the separate pass over the rows
+    of ``Aggregator._aggregate_checked`` is spared. With a non-finite row the rule runs on the
+    finite rows as every rule does, with their own Gram pass (another pivot): the same bits.
+    """
+
+    def first_gram(self, X: Any, state: dict, reference: Any) -> Gram | None:
+        """The Gram pass the rule starts with on these rows, or None where it starts otherwise
+        (Krum's is ``gram(X)``; a rule that adds rows to it, such as a center, says so here)."""
+        return gram(X)
+
+    def _aggregate_checked(self, X, state, reference, rng):
+        G = self.first_gram(X, state, reference)
+        if G is None:
+            return super()._aggregate_checked(X, state, reference, rng)
+        excluded = nonfinite_from_norms(X, np.diag(G.C)[: X.shape[0]])
+        if excluded.any():
+            return excluded
+        return self._aggregate_gram(X, G, state, reference, rng)
+
+    def _aggregate(self, X, state, reference, rng):
+        return self._aggregate_gram(X, self.first_gram(X, state, reference), state, reference, rng)
+
+    def _aggregate_gram(self, X: Any, G: Gram | None, state: dict, reference, rng) -> AggregateResult:
+        raise NotImplementedError
+
+
 @PRE_AGGREGATORS.base
 class PreAggregator:
     """A map from n client rows to m rows that composes in front of any rule.
@@ -307,7 +341,8 @@ class PreAggregator:
     def then_checked(
         self, rule: Aggregator, X: Any, state: dict, reference, rng
     ) -> AggregateResult | np.ndarray | None:
-        """``rule`` on ``transform(X)`` without materialising those rows, with the non-finite check of
-        ``Aggregator._aggregate_checked`` on X, and ``selected`` per client; None where this
-        stage has no such path for ``rule`` (a Pipeline of this stage and ``rule`` then runs both)."""
+        """``rule`` on ``transform(X)`` with the non-finite check of ``Aggregator._aggregate_checked``
+        on X read off a pass the stage makes anyway (or without materialising those rows), and
+        ``selected`` per client; None where this stage has no such path for ``rule`` (a Pipeline
+        of this stage and ``rule`` then runs both)."""
         return None

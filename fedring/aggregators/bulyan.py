@@ -7,12 +7,12 @@ import numpy as np
 from fedring.arrays import array_namespace, device
 
 from ._kernels import empty_row, for_sorted_columns, gram
-from .base import AggregateResult, Aggregator, register
+from .base import AggregateResult, GramRule, register
 from .krum import krum_scores
 
 
 @register
-class Bulyan(Aggregator):
+class Bulyan(GramRule):
     r"""Bulyan on top of Krum (El Mhamdi et al. 2018, Algorithm 1).
 
     1. Selection: apply Krum recursively, theta = n - 2f times, each time to the clients not
@@ -54,9 +54,12 @@ class Bulyan(Aggregator):
             chosen.append(remaining.pop(i))
         return np.array(sorted(chosen))
 
-    def _aggregate(self, X, state, reference, rng):
+    def first_gram(self, X, state, reference):
+        return gram(X) if self.f else None
+
+    def _aggregate_gram(self, X, G, state, reference, rng):
         n = X.shape[0]
-        chosen = self.select(gram(X).sqdist()) if self.f else np.arange(n)
+        chosen = self.select(G.sqdist()) if self.f else np.arange(n)
         S = X[chosen] if self.f else X
         theta = len(chosen)
         beta = theta - 2 * self.f

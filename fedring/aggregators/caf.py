@@ -7,7 +7,7 @@ import numpy as np
 from fedring.validate import choice, integer
 
 from ._kernels import combine, gram
-from .base import AggregateResult, Aggregator, register
+from .base import AggregateResult, GramRule, register
 
 
 def caf_weights(C: np.ndarray, f: int, variant: str = "weighted", max_iter: int = 1000) -> np.ndarray:
@@ -53,7 +53,7 @@ def caf_weights(C: np.ndarray, f: int, variant: str = "weighted", max_iter: int 
 
 
 @register
-class CAF(Aggregator):
+class CAF(GramRule):
     r"""Covariance-bound agnostic filter: down-weight the clients along the top eigenvector of the
     weighted covariance until the weights sum to n - 2f, and return the weighted mean whose
     covariance had the smallest top eigenvalue (Allouah, Guerraoui, Stephan, ICML 2025,
@@ -126,9 +126,12 @@ class CAF(Aggregator):
             return f"caf needs n > 2f, got n={n}, f={self.f}"
         return super().check(n)
 
-    def _aggregate(self, X, state, reference, rng):
+    def first_gram(self, X, state, reference):
+        return gram(X) if self.f else None
+
+    def _aggregate_gram(self, X, G, state, reference, rng):
         n = X.shape[0]
         if self.f == 0:
             return AggregateResult(X.mean(axis=0), np.ones(n))
-        c = caf_weights(gram(X).C, self.f, self.variant, self.max_iter)
+        c = caf_weights(G.C, self.f, self.variant, self.max_iter)
         return AggregateResult(combine(c / c.sum(), X), c)

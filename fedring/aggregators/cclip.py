@@ -11,7 +11,7 @@ from fedring.arrays import host, like, on_host
 from fedring.validate import choice, integer, real
 
 from ._kernels import combine, gram, small, sqnorm
-from .base import AggregateResult, Aggregator, register
+from .base import AggregateResult, GramRule, register
 
 
 def _clip_factors(dist2: np.ndarray, tau: float) -> np.ndarray:
@@ -21,7 +21,7 @@ def _clip_factors(dist2: np.ndarray, tau: float) -> np.ndarray:
 
 
 @register
-class CenteredClipping(Aggregator):
+class CenteredClipping(GramRule):
     r"""Centered clipping around the previous aggregate, optionally after bucketing.
 
     CClip_Q (FedSECA Supp. E.5, Eq. 26; the printed reference g^(t+1) is a typo for the
@@ -85,17 +85,23 @@ class CenteredClipping(Aggregator):
     def init_state(self, n, d):
         return {"center": np.zeros(d)}
 
-    def _aggregate(self, X, state, reference, rng):
-        n = X.shape[0]
+    def first_gram(self, X, state, reference):
         center = state["center"]
         if on_host(center) != on_host(X):  # the first round on a device: the center moves there
             center = state["center"] = host(center) if on_host(X) else like(center, X)
+        if self.bucketing == "random" and not on_host(X):  # the bucket means' first
+            return None
+        return gram(X, center[None, :])
+
+    def _aggregate_gram(self, X, G, state, reference, rng):
+        n = X.shape[0]
+        center = state["center"]
         w = np.zeros(n + 1)
         w[n] = 1.0  # v = previous aggregate
         client_factor = np.ones(n)
         rows = X  # the rows of the iterates' span (with the center)
         if self.bucketing == "sequential":
-            w = self._sequential(gram(X, center[None, :]), n, w, client_factor, rng, math.sqrt(sqnorm(center)))
+            w = self._sequential(G, n, w, client_factor, rng, math.sqrt(sqnorm(center)))
         else:
             if self.bucketing == "random":
                 perm = rng.permutation(n)
@@ -108,7 +114,7 @@ class CenteredClipping(Aggregator):
             if self.bucketing == "random" and not on_host(X):  # the bucket means, once (class docstring)
                 k = len(buckets)
                 rows, U, w = combine(U[:, :n], X), np.eye(k, k + 1), np.eye(1, k + 1, k)[0]
-            G = gram(rows, center[None, :])
+                G = gram(rows, center[None, :])
             for _ in range(self.iters):
                 c = _clip_factors(G.dist2_between(U, np.broadcast_to(w, U.shape)), self.tau)
                 w = w * (1.0 - c.mean()) + (c / len(buckets)) @ U

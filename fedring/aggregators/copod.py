@@ -7,8 +7,8 @@ import numpy as np
 
 from fedring.validate import choice
 
-from ._kernels import combine, gram
-from .base import AggregateResult, Aggregator, register
+from ._kernels import combine
+from .base import AggregateResult, GramRule, register
 
 
 def _skew_sign(M: np.ndarray) -> np.ndarray:
@@ -40,7 +40,7 @@ def copod_scores(M: np.ndarray) -> np.ndarray:
 
 
 @register
-class CopodDos(Aggregator):
+class CopodDos(GramRule):
     r"""COPOD-DOS: softmax-weighted mean with COPOD outlier scores of the pairwise distances.
 
     .. math::
@@ -91,6 +91,6 @@ class CopodDos(Aggregator):
         lam = np.exp(z)
         return lam / lam.sum()
 
-    def _aggregate(self, X, state, reference, rng):
-        lam = self.weights(gram(X))
+    def _aggregate_gram(self, X, G, state, reference, rng):
+        lam = self.weights(G)
         return AggregateResult(combine(lam, X), lam / lam.max())

@@ -205,7 +205,7 @@ class FLDetector(Aggregator):
         def task(sls):
             sq = np.zeros(n)
             for sl in sls:
-                B = prev[:, sl] + (coef @ A[:, sl]).astype(dt)
+                B = prev[:, sl] + np.dot(coef, A[:, sl]).astype(dt)
                 B -= X[:, sl]
                 sq += np.einsum("ij,ij->i", B, B)
                 prev[:, sl] = X[:, sl]

@@ -6,12 +6,12 @@ import numpy as np
 
 from fedring.validate import integer, real
 
-from ._kernels import combine, fixed_point, gram
-from .base import AggregateResult, Aggregator, register
+from ._kernels import combine, fixed_point
+from .base import AggregateResult, GramRule, register
 
 
 @register
-class Huber(Aggregator):
+class Huber(GramRule):
     r"""Huber-loss centre (FedSECA's "HuberLoss" baseline, Supp. E.9, Eqs. 31-32).
 
     .. math::
@@ -57,9 +57,8 @@ class Huber(Aggregator):
         self.tol = real("huber.tol", tol, lo=0.0)
         self.eps = real("huber.eps", eps, lo=0.0, lo_open=True)
 
-    def _aggregate(self, X, state, reference, rng):
+    def _aggregate_gram(self, X, G, state, reference, rng):
         n = X.shape[0]
-        G = gram(X)
         w, a = fixed_point(
             G,
             n,

@@ -7,8 +7,8 @@ import numpy as np
 from fedring.arrays import array_namespace
 from fedring.validate import choice, integer
 
-from ._kernels import combine, gram
-from .base import AggregateResult, Aggregator, register
+from ._kernels import combine
+from .base import AggregateResult, GramRule, register
 
 # variant -> (distance, neighbours = n - f - offset); self is never its own neighbour
 KRUM_VARIANTS: dict[str, tuple[str, int]] = {
@@ -53,7 +53,7 @@ def krum_check(name: str, n: int, f: int, variant: str) -> str | None:
 
 
 @register
-class Krum(Aggregator):
+class Krum(GramRule):
     r"""Krum: the client whose ``n - f - 2`` nearest neighbours are closest (Blanchard et al. 2017).
 
     .. math:: i^\star = \arg\min_i \sum_{j \in N_i} \|x_i - x_j\|_2^2, \qquad \mathrm{Krum} = x_{i^\star}
@@ -97,12 +97,12 @@ class Krum(Aggregator):
     def check(self, n):
         return krum_check(self.name, n, self.f, self.variant) or super().check(n)
 
-    def _select(self, X) -> np.ndarray:
-        scores = krum_scores(gram(X).sqdist(), self.f, self.variant)
+    def _select(self, G) -> np.ndarray:
+        scores = krum_scores(G.sqdist(), self.f, self.variant)
         return np.argsort(scores, kind="stable")
 
-    def _aggregate(self, X, state, reference, rng):
-        i = int(self._select(X)[0])
+    def _aggregate_gram(self, X, G, state, reference, rng):
+        i = int(self._select(G)[0])
         selected = np.zeros(X.shape[0])
         selected[i] = 1.0
         return AggregateResult(array_namespace(X).asarray(X[i], copy=True), selected)
@@ -138,9 +138,9 @@ class MultiKrum(Krum):
             return f"multikrum averages m={self.count(n)} clients but there are n={n}"
         return super().check(n)
 
-    def _aggregate(self, X, state, reference, rng):
+    def _aggregate_gram(self, X, G, state, reference, rng):
         n = X.shape[0]
-        chosen = self._select(X)[: self.count(n)]
+        chosen = self._select(G)[: self.count(n)]
         selected = np.zeros(n)
         selected[chosen] = 1.0
         return AggregateResult(combine(selected, X) / len(chosen), selected)

@@ -200,7 +200,7 @@ class LASA(Aggregator):
                     lo, hi = max(segs[li][0], sl.start), min(segs[li][1], sl.stop)
                     if lo >= hi:
                         break
-                    out[lo:hi] = Wx[li] @ X[:, lo:hi]
+                    out[lo:hi] = np.dot(Wx[li], X[:, lo:hi])
 
         map_blocks(task, d, block_width(n, X.itemsize, 4 * BLOCK_BYTES))
         return AggregateResult(out, kept.mean(axis=0))

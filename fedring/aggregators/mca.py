@@ -6,12 +6,12 @@ import numpy as np
 
 from fedring.validate import integer, real
 
-from ._kernels import combine, fixed_point, gram
-from .base import AggregateResult, Aggregator, register
+from ._kernels import combine, fixed_point
+from .base import AggregateResult, GramRule, register
 
 
 @register
-class MCA(Aggregator):
+class MCA(GramRule):
     r"""Maximum-correntropy centre (a base rule of the H+ paper's experiments).
 
     .. math::
@@ -61,9 +61,8 @@ class MCA(Aggregator):
         positive = D[D > 0]
         return float(positive.min()) if positive.size else 1.0
 
-    def _aggregate(self, X, state, reference, rng):
+    def _aggregate_gram(self, X, G, state, reference, rng):
         n = X.shape[0]
-        G = gram(X)
         two_s2 = 2.0 * self.kernel_width(G.sqdist()) ** 2
 
         def weights(d2):

@@ -9,7 +9,7 @@ import numpy as np
 from fedring.validate import integer
 
 from ._kernels import combine, gram
-from .base import AggregateResult, Aggregator, register
+from .base import AggregateResult, GramRule, register
 
 
 def fibonacci(k: int) -> int:
@@ -120,7 +120,7 @@ def min_diameter_subset(D2: np.ndarray, f: int) -> np.ndarray:
 
 
 @register
-class MDA(Aggregator):
+class MDA(GramRule):
     r"""Minimum-diameter averaging: the mean of the n - f clients whose largest pairwise
     distance is smallest (El Mhamdi et al., PODC 2020; ByzFL ``MDA(f)``).
 
@@ -179,9 +179,12 @@ class MDA(Aggregator):
             )
         return super().check(n)
 
-    def _aggregate(self, X, state, reference, rng):
+    def first_gram(self, X, state, reference):
+        return gram(X) if self.f else None
+
+    def _aggregate_gram(self, X, G, state, reference, rng):
         n = X.shape[0]
-        chosen = min_diameter_subset(gram(X).sqdist(), self.f) if self.f else np.arange(n)
+        chosen = min_diameter_subset(G.sqdist(), self.f) if self.f else np.arange(n)
         selected = np.zeros(n)
         selected[chosen] = 1.0
         return AggregateResult(combine(selected / len(chosen), X), selected)

@@ -7,14 +7,15 @@ import copy
 
 import numpy as np
 
+from fedring.arrays import on_host
 from fedring.validate import integer
 
-from ._kernels import combine, sqdist_to, zero_row
-from .base import AggregateResult, Aggregator, register
+from ._kernels import combine, gram, sqdist_to, zero_row
+from .base import AggregateResult, GramRule, register
 
 
 @register
-class MoNNA(Aggregator):
+class MoNNA(GramRule):
     r"""MoNNA: the mean of the n - f clients nearest to a trusted vector (Farhadkhani et al.,
     ICML 2023; ByzFL ``MoNNA(f, idx)``).
 
@@ -70,9 +71,17 @@ class MoNNA(Aggregator):
             return f"monna.idx={self.idx} names no client: there are n={n}"
         return super().check(n)
 
-    def _aggregate(self, X, state, reference, rng):
+    def first_gram(self, X, state, reference):
+        if not on_host(X):  # the device's distances come from the differences, no Gram (sqdist_to)
+            return None
+        return gram(X) if self.idx is not None else gram(X, np.asarray(reference)[None, :])
+
+    def _aggregate_gram(self, X, G, state, reference, rng):
         n = X.shape[0]
-        d2 = sqdist_to(X, reference) if self.idx is None else sqdist_to(X, idx=self.idx)
+        if G is None:
+            d2 = sqdist_to(X, reference) if self.idx is None else sqdist_to(X, idx=self.idx)
+        else:  # sqdist_to's host figures, from the Gram pass already made
+            d2 = G.sqdist()[n, :n] if self.idx is None else G.sqdist()[self.idx]
         near = np.argsort(d2, kind="stable")[: n - self.f]
         selected = np.zeros(n)
         selected[near] = 1.0

@@ -10,6 +10,7 @@ import numpy as np
 from fedring.arrays import on_host
 from fedring.validate import integer, real
 
+from ._blocks import Gram
 from ._kernels import combine, gram, nonfinite_rows, scaled_mean, small, sq_norms
 from .base import AggregateResult, PreAggregator, nonfinite_from_norms, register_pre
 from .coordinatewise import Mean
@@ -71,14 +72,27 @@ class NNM(PreAggregator):
         return super().check(n)
 
     def transform(self, X, rng):
+        return self.mixed(X, gram(X)), np.arange(X.shape[0])
+
+    def mixed(self, X, G: Gram):
+        """The mixed rows, from the Gram matrix ``G`` of X."""
         n = X.shape[0]
-        D = gram(X).sqdist()
-        near = np.argsort(D, axis=1, kind="stable")[:, : n - self.f]
+        near = np.argsort(G.sqdist(), axis=1, kind="stable")[:, : n - self.f]
         W = np.zeros((n, n))
         np.put_along_axis(W, near, 1.0, axis=1)
         Y = small(W, X) @ X
         Y /= n - self.f
-        return Y, np.arange(n)
+        return Y
+
+    def then_checked(self, rule, X, state, reference, rng):
+        """The rule on the mixed rows, with the non-finite check read off the Gram pass that the
+        mixing makes anyway (:class:`.base.GramRule`), instead of a separate pass."""
+        G = gram(X)
+        excluded = nonfinite_from_norms(X, np.diag(G.C))
+        if excluded.any():
+            return excluded
+        res = rule.aggregate(self.mixed(X, G), state=state, reference=reference, rng=rng)
+        return AggregateResult(res.vector, res.selected)  # as a Pipeline returns it: one row per client
 
 
 @register_pre

@@ -8,11 +8,11 @@ from fedring.arrays import array_namespace, device
 from fedring.validate import choice, integer, real
 
 from ._kernels import combine, fixed_point, gram
-from .base import AggregateResult, Aggregator, register
+from .base import AggregateResult, GramRule, register
 
 
 @register
-class GeoMed(Aggregator):
+class GeoMed(GramRule):
     r"""Geometric median :math:`\arg\min_z \sum_i \|z - x_i\|_2` (RFA, smoothed Weiszfeld).
 
     .. math::
@@ -57,12 +57,16 @@ class GeoMed(Aggregator):
         self.nu = real("geomed.nu", nu, lo=0.0, lo_open=True)
         self.init = choice("geomed.init", init, ("mean", "zero"))
 
-    def _aggregate(self, X, state, reference, rng):
-        n, d = X.shape
-        extra = array_namespace(X).zeros((1, d), dtype=X.dtype, device=device(X)) if self.init == "zero" else None
-        G = gram(X, extra)
+    def first_gram(self, X, state, reference):
+        d = X.shape[1]
+        return gram(
+            X, array_namespace(X).zeros((1, d), dtype=X.dtype, device=device(X)) if self.init == "zero" else None
+        )
+
+    def _aggregate_gram(self, X, G, state, reference, rng):
+        n = X.shape[0]
         w0 = np.zeros(G.m)
-        if extra is None:
+        if G.m == n:  # the mean's start
             w0[:] = 1.0 / n
         else:
             w0[n] = 1.0

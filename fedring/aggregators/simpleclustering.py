@@ -7,12 +7,12 @@ import numpy as np
 from fedring.validate import integer, real
 
 from ._clustering import dbscan_labels, largest_cluster, require_sklearn
-from ._kernels import combine, gram
-from .base import AggregateResult, Aggregator, register
+from ._kernels import combine
+from .base import AggregateResult, GramRule, register
 
 
 @register
-class SimpleClustering(Aggregator):
+class SimpleClustering(GramRule):
     r"""The mean of the most populous DBSCAN cluster of the uploads (Euclidean distances).
 
     Runs on the host: scikit-learn's DBSCAN clusters the clients.
@@ -53,8 +53,8 @@ class SimpleClustering(Aggregator):
         self.min_samples = integer("simpleclustering.min_samples", min_samples, lo=1)
         require_sklearn(self.name)
 
-    def _aggregate(self, X, state, reference, rng):
-        keep = largest_cluster(dbscan_labels(np.sqrt(gram(X).sqdist()), self.eps, self.min_samples, "precomputed"))
+    def _aggregate_gram(self, X, G, state, reference, rng):
+        keep = largest_cluster(dbscan_labels(np.sqrt(G.sqdist()), self.eps, self.min_samples, "precomputed"))
         if not keep.any():
             return AggregateResult(np.zeros(X.shape[1], X.dtype), keep.astype(float))
         return AggregateResult(combine(keep, X) / int(keep.sum()), keep.astype(float))

@@ -10,7 +10,7 @@ import numpy as np
 from fedring.validate import integer
 
 from ._kernels import combine, gram
-from .base import AggregateResult, Aggregator, register
+from .base import AggregateResult, GramRule, register
 
 #: matrix entries of the subsets whose eigenvalues one batched LAPACK call computes (32 MiB)
 BATCH_ENTRIES = 1 << 22
@@ -36,7 +36,7 @@ def subset_max_eigenvalues(C: np.ndarray, subsets: np.ndarray) -> tuple[np.ndarr
 
 
 @register
-class SMEA(Aggregator):
+class SMEA(GramRule):
     r"""Smallest maximum eigenvalue averaging: the mean of the n - f clients whose empirical
     covariance has the smallest largest eigenvalue (Allouah et al., ICML 2023; ByzFL ``SMEA(f)``).
 
@@ -95,12 +95,15 @@ class SMEA(Aggregator):
             )
         return super().check(n)
 
-    def _aggregate(self, X, state, reference, rng):
+    def first_gram(self, X, state, reference):
+        return gram(X) if self.f else None
+
+    def _aggregate_gram(self, X, G, state, reference, rng):
         n = X.shape[0]
         k = n - self.f
         chosen = np.arange(n)
         if self.f:
-            C = gram(X).C
+            C = G.C
             subsets = itertools.combinations(range(n), k)
             lam, scale = [], []
             batch_size = min(4096, max(1, BATCH_ENTRIES // (k * k)))
