@@ -21,6 +21,7 @@ import pytest
 
 from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS, base, make_aggregator, preaggregators
 from fedring.aggregators import _kernels as K
+from fedring.aggregators._clustering import centred_column_gram
 from fedring.aggregators.base import Aggregator, GramRule, PreAggregator, nonfinite_from_norms
 from fedring.aggregators.preaggregators import NNM
 
@@ -199,7 +200,7 @@ def test_gram_rules_read_finiteness_off_their_gram_with_the_plain_paths_bits(nam
     def run():
         try:
             return gram_rule(name, f).aggregate(X, reference=reference(X), rng=np.random.default_rng(3))
-        except (np.linalg.LinAlgError, ValueError) as e:  # CAF, SMEA, SimpleClustering on an infinite Gram
+        except (np.linalg.LinAlgError, ValueError) as e:  # CAF, SMEA, SimpleClustering: float64 overflow
             return type(e)
 
     with np.errstate(over="ignore", invalid="ignore"):
@@ -242,6 +243,38 @@ def test_gram_rules_make_one_gram_pass_and_no_other_check_on_finite_rows(name, m
     assert calls == {"gram": 1, "nonfinite_rows": 0}
 
 
+def test_gram_takes_rows_that_overflow_float32_again_in_float64():
+    # the retake is the float64 pass on the same pivot and blocks: the bits of the float64 rows' Gram
+    X = rows(12, 70_001)
+    X[4, :5] = 3e30
+    E = rows(1, 70_001, seed=4)
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert not np.isfinite(K._gram_pass(X, None, K.pivot_row(X), X.dtype).C).all()
+        for extra in (None, E):
+            G, want = K.gram(X, extra), K.gram(X.astype(np.float64), extra)
+            assert np.isfinite(G.C).all()
+            np.testing.assert_array_equal(G.C, want.C)
+            np.testing.assert_array_equal(G.h, want.h)
+            assert G.pp == want.pp
+        cols = np.arange(0, 70_001, 3)
+        K2 = centred_column_gram(X, cols)
+        assert np.isfinite(K2).all()
+        np.testing.assert_array_equal(K2, centred_column_gram(X.astype(np.float64), cols))
+    X[7, 3] = np.nan  # a non-finite row stays non-finite: the rules leave it out
+    G = K.gram(X)
+    assert not np.isfinite(G.C[7, 7]) and np.isfinite(np.delete(np.diag(G.C), 7)).all()
+
+
+def test_gram_on_a_tensor_takes_rows_that_overflow_float32_again_in_float64():
+    torch = pytest.importorskip("torch")
+    X = rows(12, 20_001)
+    X[4, :5] = 3e30
+    G = K.gram(torch.from_numpy(X))
+    want = K.gram(torch.from_numpy(X.astype(np.float64)))
+    assert np.isfinite(G.C).all()
+    np.testing.assert_array_equal(G.C, want.C)
+
+
 def test_crfl_leaves_the_generator_where_the_finite_rows_leave_it():
     # the noise is drawn beside the mean: a call that finds a non-finite row rewinds its draw
     X = rows(6, 1000)
@@ -269,6 +302,7 @@ import hashlib, json, sys
 import numpy as np
 from fedring.aggregators import make_aggregator
 from fedring.aggregators import _kernels as K
+from fedring.aggregators._clustering import centred_column_gram
 
 rng = np.random.default_rng(0)
 X = (rng.standard_normal((20, 300_001)) * rng.uniform(0.1, 100.0, (20, 1))).astype(np.float32)

@@ -49,6 +49,22 @@ def test_every_rule_aggregates_the_finite_rows_told_f_minus_e(name, rows):
         np.testing.assert_array_equal(got.selected[keep], want.selected)
 
 
+@pytest.mark.parametrize("name", sorted(AGGREGATORS))
+def test_every_rule_survives_a_finite_row_whose_float32_squares_overflow(name):
+    """A Byzantine upload of finite float32 values above 1e19 overflows the float32 products of the
+    Gram passes; CAF, SMEA, DnC, Auror and SimpleClustering used to fail on the infinite matrix (and
+    so end the job). The row is finite, so it stays in, and every rule returns a finite vector."""
+    rule = make_aggregator(name, 3 if name != "bulyan" else 2)
+    Y = X.astype(np.float32)
+    Y[4, :5] = 3e30
+    probe = LinearProbe(np.zeros(40), 0.1, (19,)) if rule.needs_probe else None
+    reference = np.ones(40, np.float32) if rule.needs_reference else None
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = rule.aggregate(Y, reference=reference, rng=np.random.default_rng(1), probe=probe)
+    assert got.excluded is None
+    assert np.isfinite(got.vector).all()
+
+
 def test_too_few_finite_rows_give_the_zero_vector():
     # Krum (paper variant) needs n > 2f + 2: 2 finite rows told f' = 0 are too few
     krum = make_aggregator("krum", 1)

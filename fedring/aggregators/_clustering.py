@@ -109,22 +109,35 @@ def cosine_distances(G: np.ndarray) -> np.ndarray:
 
 def centred_column_gram(X: np.ndarray, cols: np.ndarray) -> np.ndarray:
     r"""(n, n) float64 Gram matrix :math:`K = X_c X_c^\top` of the columns ``cols`` (sorted) of X,
-    each centred on its mean over the rows, in one blocked pass (no copy of those columns)."""
+    each centred on its mean over the rows, in one blocked pass (no copy of those columns).
+
+    Products run in X's precision; where finite float32 rows overflow them (entries above about
+    1e19, a Byzantine upload's: the rules call this on finite rows), the pass is made again in
+    float64, so that the eigendecompositions get finite figures."""
+    K = _centred_column_gram(X, cols, X.dtype)
+    if X.dtype != np.float64 and not np.isfinite(K).all():
+        K = _centred_column_gram(X, cols, np.dtype(np.float64))
+    return K
+
+
+def _centred_column_gram(X: np.ndarray, cols: np.ndarray, wd: np.dtype) -> np.ndarray:
     n, d = X.shape
     width = min(d, block_width(n, X.itemsize, 4 * BLOCK_BYTES))
 
     def task(sls):
         K = np.zeros((n, n))
-        for sl in sls:
-            lo, hi = np.searchsorted(cols, [sl.start, sl.stop])
-            if hi > lo:
-                B = X[:, cols[lo:hi]]
-                B -= B.mean(axis=0)
-                K += np.dot(B, B.T)
+        with np.errstate(over="ignore", invalid="ignore"):  # a worker thread has its own errstate
+            for sl in sls:
+                lo, hi = np.searchsorted(cols, [sl.start, sl.stop])
+                if hi > lo:
+                    B = X[:, cols[lo:hi]].astype(wd, copy=False)
+                    B -= B.mean(axis=0)
+                    K += np.dot(B, B.T)
         return K
 
-    K = sum(map_blocks(task, d, width))
-    return 0.5 * (K + K.T)
+    with np.errstate(over="ignore", invalid="ignore"):
+        K = sum(map_blocks(task, d, width))
+        return 0.5 * (K + K.T)
 
 
 def embedding(K: np.ndarray) -> np.ndarray:

@@ -41,7 +41,7 @@ import numpy as np
 from fedring.arrays import array_namespace, device, is_torch_array
 
 from . import _blocks
-from ._blocks import BLOCK_BYTES, Gram, block_width, blocks, lerp_quantile
+from ._blocks import BLOCK_BYTES, Gram, block_width, blocks, lerp_quantile, overflowed
 
 T = TypeVar("T")
 SORT_BYTES = 1 << 20  # transposed block of the coordinate-wise sorts (fits in L2)
@@ -223,15 +223,30 @@ def gram(X: np.ndarray, extra: np.ndarray | None = None) -> Gram:
     Products run in X's precision on pivot-centred blocks and accumulate across blocks in
     float64. For float32 input this is float32 BLAS (twice the speed of float64); centring
     keeps the rounding proportional to the rows' distances from the pivot, so distances
-    between nearby rows keep about float32 relative accuracy whatever the outliers.
+    between nearby rows keep about float32 relative accuracy whatever the outliers. Where finite
+    float32 rows overflow those products (entries above about 1e19), the pass is made again in
+    float64 (:func:`._blocks.overflowed`), so that the rules get finite figures.
     """
     if is_torch_array(X):
         return _torch().gram(X, extra)
+    p = pivot_row(X)
+    G = _gram_pass(X, extra, p, X.dtype)
+    if X.dtype != np.float64:
+        n = X.shape[0]
+
+        def finite(i: int) -> bool:  # row i of X, then of extra
+            return bool(np.isfinite(X[i] if i < n or extra is None else extra[i - n]).all())
+
+        if overflowed(G, finite):
+            G = _gram_pass(X, extra, p, np.dtype(np.float64))
+    return G
+
+
+def _gram_pass(X: np.ndarray, extra: np.ndarray | None, p: int, wd: np.dtype) -> Gram:
+    """:func:`gram`'s pass around row ``p``, with products in ``wd``."""
     n, d = X.shape
     k = 0 if extra is None else extra.shape[0]
     m = n + k
-    p = pivot_row(X)
-    wd = X.dtype
     width = min(d, block_width(m, wd.itemsize))
 
     def task(sls):
@@ -245,8 +260,8 @@ def gram(X: np.ndarray, extra: np.ndarray | None = None) -> Gram:
             for sl in sls:
                 # a contiguous block: np.dot gives matmul's bits on it, not on a strided view
                 B = flat[: m * (sl.stop - sl.start)].reshape(m, -1)
-                piv = X[p, sl]
-                np.subtract(X[:, sl], piv, out=B[:n])
+                piv = X[p, sl].astype(wd, copy=False)
+                np.subtract(X[:, sl], piv, out=B[:n], dtype=wd)
                 if k:
                     np.subtract(extra[:, sl], piv, out=B[n:], casting="unsafe")
                 C += np.dot(B, B.T)

@@ -87,21 +87,35 @@ def products(B: torch.Tensor) -> torch.Tensor:
 
 
 def gram(X: torch.Tensor, extra=None) -> Gram:
-    """The Gram pass of :func:`._kernels.gram` on X's device; C, h and pp come back in float64 numpy."""
-    n, d = X.shape
+    """The Gram pass of :func:`._kernels.gram` on X's device; C, h and pp come back in float64 numpy.
+    As on the host, finite float32 rows that overflow the products get a float64 pass."""
+    n = X.shape[0]
     ext = None if extra is None else _on(extra, X)
+    p = pivot_row(X)
+    G = _gram_pass(X, ext, p, X.dtype)
+    if X.dtype != torch.float64:
+
+        def finite(i: int) -> bool:  # row i of X, then of extra
+            return bool(torch.isfinite(X[i] if i < n or ext is None else ext[i - n]).all())
+
+        if host.overflowed(G, finite):
+            G = _gram_pass(X, ext, p, torch.float64)
+    return G
+
+
+def _gram_pass(X: torch.Tensor, ext, p: int, dtype: torch.dtype) -> Gram:
+    n, d = X.shape
     k = 0 if ext is None else ext.shape[0]
     m = n + k
-    p = pivot_row(X)
     width = _width(X, m)
     C = torch.zeros((m, m), dtype=torch.float64, device=X.device)
     h = torch.zeros(m, dtype=torch.float64, device=X.device)
     pp = torch.zeros((), dtype=torch.float64, device=X.device)
-    buf = torch.empty((m, width), dtype=X.dtype, device=X.device)
+    buf = torch.empty((m, width), dtype=dtype, device=X.device)
     for sl in blocks(d, width):
         B = buf[:, : sl.stop - sl.start]
-        piv = X[p, sl]
-        torch.sub(X[:, sl], piv, out=B[:n])
+        piv = X[p, sl].to(dtype)
+        torch.sub(X[:, sl].to(dtype), piv, out=B[:n])
         if ext is not None:
             B[n:] = ext[:, sl] - piv  # in the promoted dtype, then rounded to X's (numpy's casting="unsafe")
         C += products(B)  # full float32 products: TF32 stays off (module docstring)
