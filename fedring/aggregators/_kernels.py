@@ -16,9 +16,10 @@ selection along axis 0.
 
 Every pass splits the columns over worker threads (numpy and BLAS release the GIL) and
 needs O(n x block) extra memory per worker, never a copy of the input. The passes multiply with
-``np.dot``, not ``@``: numpy's matmul holds the GIL around its BLAS call for a matrix times a
-matrix or a vector, which ran the workers' products one at a time
-(``benchmarks/blas_threads.py``); on contiguous blocks ``np.dot`` gives the same bits.
+``np.dot``, not ``@``: numpy's matmul holds the GIL around a BLAS call whose product has at most
+500 entries (the Gram block of up to 22 rows, a block times a vector), which ran the workers'
+products one at a time (``benchmarks/blas_threads.py``); on contiguous blocks ``np.dot`` gives
+the same bits.
 
 Every kernel also takes a torch tensor, on any device: it then runs there, in
 :mod:`._kernels_torch` (imported on the first tensor, so the host path never imports torch),
