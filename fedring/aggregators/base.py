@@ -283,9 +283,10 @@ class GramRule(Aggregator):
 
     Row i's squared distance to the pivot, ``G.C[i, i]``, is a sum of squares: NaN or infinite
     when the row or the pivot holds NaN or an infinity, finite otherwise unless the squares
-    overflow (float32 entries above about 1e19). So only the rows with a non-finite one are
-    checked value by value (:func:`nonfinite_from_norms`), and the separate pass over the rows
-    of ``Aggregator._aggregate_checked`` is spared. With a non-finite row the rule runs on the
+    overflow (float32 rows' are taken again in float64 by the pass; float64 entries above about
+    1e154). So only the rows with a non-finite one are checked value by value
+    (:func:`nonfinite_from_norms`), and the separate pass over the rows of
+    ``Aggregator._aggregate_checked`` is spared. With a non-finite row the rule runs on the
     finite rows as every rule does, with their own Gram pass (another pivot): the same bits.
     """
 
