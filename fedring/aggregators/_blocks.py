@@ -4,8 +4,7 @@ quantile interpolation. Host numpy only, so each back end imports it without the
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -91,15 +90,3 @@ def lerp_quantile(lo_val: float, hi_val: float, frac: float) -> float:
     """numpy's linear-interpolation formula (method='linear'), so results match np.quantile."""
     diff = hi_val - lo_val
     return hi_val - diff * (1.0 - frac) if frac >= 0.5 else lo_val + diff * frac
-
-
-def overflowed(G: Gram, row_is_finite: Callable[[int], bool]) -> bool:
-    """Whether the Gram pass ``G`` is non-finite because products of finite rows overflowed in the
-    rows' precision (float32 entries above about 1e19, a Byzantine upload's), so that a float64
-    pass would give finite figures: a row with a non-finite ``C[i, i]`` holds finite values only
-    (``row_is_finite(i)``; i counts the extra rows after X's). A row holding NaN or an infinity
-    makes its own figures non-finite in any precision."""
-    if np.isfinite(G.C).all() and np.isfinite(G.h).all() and math.isfinite(G.pp):
-        return False
-    suspects = np.flatnonzero(~np.isfinite(np.diag(G.C)))
-    return suspects.size == 0 or any(row_is_finite(int(i)) for i in suspects)

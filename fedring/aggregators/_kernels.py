@@ -42,7 +42,7 @@ import numpy as np
 from fedring.arrays import array_namespace, device, is_torch_array
 
 from . import _blocks
-from ._blocks import BLOCK_BYTES, Gram, block_width, blocks, lerp_quantile, overflowed
+from ._blocks import BLOCK_BYTES, Gram, block_width, blocks, lerp_quantile
 
 T = TypeVar("T")
 SORT_BYTES = 1 << 20  # transposed block of the coordinate-wise sorts (fits in L2)
@@ -226,25 +226,38 @@ def gram(X: np.ndarray, extra: np.ndarray | None = None) -> Gram:
     keeps the rounding proportional to the rows' distances from the pivot, so distances
     between nearby rows keep about float32 relative accuracy whatever the outliers. Where finite
     float32 rows overflow those products (entries above about 1e19), the pass is made again in
-    float64 (:func:`._blocks.overflowed`), so that the rules get finite figures.
+    float64 (:func:`overflowed`), so that the rules get finite figures. A tensor's passes run on
+    its device (:func:`._kernels_torch.gram_pass`).
     """
-    if is_torch_array(X):
-        return _torch().gram(X, extra)
+    one_pass = _torch().gram_pass if is_torch_array(X) else _gram_pass
     p = pivot_row(X)
-    G = _gram_pass(X, extra, p, X.dtype)
-    if X.dtype != np.float64:
-        n = X.shape[0]
-
-        def finite(i: int) -> bool:  # row i of X, then of extra
-            return bool(np.isfinite(X[i] if i < n or extra is None else extra[i - n]).all())
-
-        if overflowed(G, finite):
-            G = _gram_pass(X, extra, p, np.dtype(np.float64))
+    G = one_pass(X, extra, p, wide=False)
+    if X.dtype.itemsize < 8 and overflowed(G, X, extra):
+        G = one_pass(X, extra, p, wide=True)
     return G
 
 
-def _gram_pass(X: np.ndarray, extra: np.ndarray | None, p: int, wd: np.dtype) -> Gram:
-    """:func:`gram`'s pass around row ``p``, with products in ``wd``."""
+def overflowed(G: Gram, X, extra=None) -> bool:
+    """Whether the Gram pass ``G`` of X (then ``extra``) is non-finite because products of finite
+    rows overflowed in their precision (float32 entries above about 1e19, a Byzantine upload's),
+    so that a float64 pass would give finite figures: a row with a non-finite ``C[i, i]`` holds
+    finite values only. A row holding NaN or an infinity makes its own figures non-finite in any
+    precision."""
+    if np.isfinite(G.C).all() and np.isfinite(G.h).all() and np.isfinite(G.pp):
+        return False
+    suspects = np.flatnonzero(~np.isfinite(np.diag(G.C)))
+    n = X.shape[0]
+    rows, extras = suspects[suspects < n], suspects[suspects >= n] - n
+    return (
+        suspects.size == 0
+        or not nonfinite_rows(X[rows]).all()
+        or (extras.size > 0 and extra is not None and not nonfinite_rows(extra[extras]).all())
+    )
+
+
+def _gram_pass(X: np.ndarray, extra: np.ndarray | None, p: int, wide: bool) -> Gram:
+    """:func:`gram`'s pass around row ``p``, with products in X's dtype, or in float64 if ``wide``."""
+    wd = np.dtype(np.float64) if wide else X.dtype
     n, d = X.shape
     k = 0 if extra is None else extra.shape[0]
     m = n + k

@@ -86,24 +86,11 @@ def products(B: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def gram(X: torch.Tensor, extra=None) -> Gram:
-    """The Gram pass of :func:`._kernels.gram` on X's device; C, h and pp come back in float64 numpy.
-    As on the host, finite float32 rows that overflow the products get a float64 pass."""
-    n = X.shape[0]
+def gram_pass(X: torch.Tensor, extra, p: int, wide: bool) -> Gram:
+    """One Gram pass of :func:`._kernels.gram` around row ``p`` on X's device, products in X's
+    dtype or in float64 if ``wide``; C, h and pp come back in float64 numpy."""
+    dtype = torch.float64 if wide else X.dtype
     ext = None if extra is None else _on(extra, X)
-    p = pivot_row(X)
-    G = _gram_pass(X, ext, p, X.dtype)
-    if X.dtype != torch.float64:
-
-        def finite(i: int) -> bool:  # row i of X, then of extra
-            return bool(torch.isfinite(X[i] if i < n or ext is None else ext[i - n]).all())
-
-        if host.overflowed(G, finite):
-            G = _gram_pass(X, ext, p, torch.float64)
-    return G
-
-
-def _gram_pass(X: torch.Tensor, ext, p: int, dtype: torch.dtype) -> Gram:
     n, d = X.shape
     k = 0 if ext is None else ext.shape[0]
     m = n + k
