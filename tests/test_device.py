@@ -288,6 +288,24 @@ def test_bench_train_times_the_same_steps_as_the_bare_loop(fedring_cli, tmp_path
     assert record["max_weight_difference_bare_batched"] < 1e-6
     assert record["ratio_batched"] == seconds["fedring-batched"] / seconds["bare-batched"]
     assert f"ratio fedring-batched/bare-batched: {record['ratio_batched']:.2f}" in result.stdout
+    assert record["device_path"] is False
+
+
+def test_bench_train_device_path_runs_the_gpus_path_on_the_cpu(fedring_cli, tmp_path):
+    """``--device-path`` times fedring's device path on the CPU (tensors for rows, the batched first
+    step with shared weights, as on a GPU): the same steps as the bare loops (the MLP's shared-weights
+    step is the per-slot one bit for bit, ``test_shared_weights_at_the_first_step...``); with another
+    device it is refused before any work, naming the option."""
+    out = tmp_path / "bench.json"
+    args = ["--clients", "3", "--rounds", "2", "--dataset", "synthetic", "--model", "mlp", "--batched-clients", "2"]
+    result = fedring_cli("bench", "train", *args, "--device-path", "--json", out)
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["device_path"] is True and "(cpu, device path)" in result.stdout.splitlines()[0]
+    assert record["max_weight_difference"] < 1e-6 and record["max_weight_difference_bare_batched"] < 1e-6
+    refused = fedring_cli("bench", "train", *args, "--device-path", "--device", "cuda")
+    assert refused.returncode == 2 and not refused.stdout
+    assert "--device-path runs the device path on the CPU: it needs --device cpu, got 'cuda'" in refused.stderr
 
 
 def test_bench_train_times_a_server_rule_under_attack(fedring_cli, tmp_path):

@@ -12,7 +12,10 @@ in turn, :func:`fedring.bench.comm._time`), so a change of the machine's load hi
 the figures are medians over the rounds, after one untimed round of each.
 On a GPU both loops run under the deterministic algorithms a run turns on
 (:func:`fedring.train.device.select`); ``--nondeterministic`` turns them off for both, so that
-the two runs' times give their cost.
+the two runs' times give their cost. ``--device-path`` runs fedring's device path on the CPU (torch
+tensors where the rows would be numpy, and a batched first step with one set of weights, as on a
+GPU): with a small model, whose kernels take about as long as a GPU's launches, its overhead over the
+bare loops is the host's work that a GPU's round waits for.
 
 With ``--batched-clients B``, a second fedring run with ``batched_clients = B``
 (:mod:`fedring.train.batched`) is interleaved too, and its speed-up over the per-client loop
@@ -39,6 +42,7 @@ from fedring.config import Config
 from fedring.datasets import DATASETS
 from fedring.rng import Stream, generator
 from fedring.runtime import world
+from fedring.train.batched import VmapGradients
 from fedring.train.loop import train_round
 from fedring.train.models import flatten, make_model
 from fedring.train.task import TrainTask
@@ -162,8 +166,15 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="on a GPU, time without PyTorch's deterministic algorithms and with cuDNN's autotuner (their cost)",
     )
+    p.add_argument(
+        "--device-path",
+        action="store_true",
+        help="on the CPU, fedring's device path (torch tensors, batched first steps with shared weights: as on a GPU)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = p.parse_args(argv)
+    if args.device_path and args.device != "cpu":
+        p.error(f"--device-path runs the device path on the CPU: it needs --device cpu, got {args.device!r}")
     comm = world()
     integer("--rounds", args.rounds, lo=1)
     cfg = Config(
@@ -182,11 +193,15 @@ def main(argv: list[str]) -> int:
     )
     TrainTask(cfg, comm.size)  # validates and fills the defaults, as a run does
     load_before = os.getloadavg()
-    tr = Trainer(cfg, comm)
+    host_path = False if args.device_path else None
+    tr = Trainer(cfg, comm, host_path)
     bare = BareLoop(tr, cfg.rounds)
     loops: dict[str, Callable[[int], object]] = {"fedring": lambda t: train_round(tr, t), "bare-loop": bare.round}
     if args.batched_clients is not None:
-        batched = Trainer(dataclasses.replace(cfg, batched_clients=args.batched_clients), comm)
+        batched = Trainer(dataclasses.replace(cfg, batched_clients=args.batched_clients), comm, host_path)
+        if args.device_path:  # as a GPU's: the CPU keeps per-slot weights only for its host path's bits
+            assert isinstance(batched.clients.source, VmapGradients)
+            batched.clients.source.shared_first_step = True
         loops["fedring-batched"] = lambda t: train_round(batched, t)
         bare_batched = BareBatchedLoop(tr, cfg.rounds, args.batched_clients)
         loops["bare-batched"] = bare_batched.round
@@ -210,6 +225,7 @@ def main(argv: list[str]) -> int:
         "model": cfg.model,
         "dataset": cfg.dataset,
         "device": str(tr.device),
+        "device_path": not tr.clients.stage.on_host,
         "device_name": torch.cuda.get_device_name(tr.device) if tr.device.type == "cuda" else "cpu",
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "threads": cfg.threads,
@@ -227,9 +243,10 @@ def main(argv: list[str]) -> int:
         "load_average_before": load_before[0],
         "load_average_after": os.getloadavg()[0],
     }
+    path = ", device path" if args.device_path else ""
     print(
         f"bench train: {cfg.clients} clients of {cfg.model} ({cfg.dataset}, batch {cfg.batch_size}) on {comm.size} "
-        f"rank{'s' if comm.size > 1 else ''}, device {tr.device} ({record['device_name']}), {cfg.threads} thread(s), "
+        f"rank{'s' if comm.size > 1 else ''}, device {tr.device} ({record['device_name']}{path}), {cfg.threads} thread(s), "
         f"{args.rounds} rounds each{'' if record['deterministic_algorithms'] or tr.device.type != 'cuda' else ', nondeterministic'}"
     )
     print(f"{'loop':<16}{'s/round':>10}{'rounds/s':>10}{'steps/s':>10}")
