@@ -68,7 +68,7 @@ FLPOISON = {
 
 def linear() -> nn.Module:
     model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
-    load_flat(model, np.array(W0 + B0, np.float32))
+    load_flat(model.parameters(), np.array(W0 + B0, np.float32))
     return model
 
 
@@ -76,12 +76,12 @@ def torch_gradient(model: nn.Module):
     """The run's ``gradient`` of a client without clipping or decay, on ``model``."""
 
     def gradient(w, x, y):
-        load_flat(model, w)
+        load_flat(model.parameters(), w)
         model.zero_grad()
         loss = nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
         loss.backward()
         g = np.empty(w.size, np.float32)
-        flat_grad_into(model, g)
+        flat_grad_into(model.parameters(), g)
         return g, loss.item()
 
     return gradient
@@ -304,7 +304,7 @@ def test_a_run_records_the_success_rate_alike_on_one_and_two_ranks(tmp_path):
     labels = data.test_labels()
     rows = np.flatnonzero(labels == 3)
     model = MODELS["mlp"](classes=10)
-    load_flat(model, one["model/final"])
+    load_flat(model.parameters(), one["model/final"])
     with torch.no_grad():
         pred = model(torch.from_numpy(data.test_images(rows))).argmax(1).numpy()
     assert asr[-1] == np.mean(pred == 7)

@@ -269,9 +269,9 @@ def test_the_trainers_probe_runs_the_clients_models():
     lr = np.float32(tr.lr_at(1))
     with torch.no_grad():
         for i, row in enumerate(rows):
-            load_flat(model, w - lr * row)
+            load_flat(model.parameters(), w - lr * row)
             np.testing.assert_array_equal(clients[i], torch.softmax(model(torch.from_numpy(x)), dim=-1).numpy())
-        load_flat(model, w)
+        load_flat(model.parameters(), w)
         np.testing.assert_array_equal(server, torch.softmax(model(torch.from_numpy(x)), dim=-1).numpy())
     for p, q in zip(tr.replica.model.parameters(), model.parameters(), strict=True):
         assert torch.equal(p, q)  # the run's model still holds w

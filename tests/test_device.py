@@ -71,11 +71,11 @@ def test_staging_moves_parameters_and_gradients_exactly():
     for p in gpu.parameters():
         p.grad = torch.full_like(p, 0.5) * p.detach()
     got = np.empty_like(w)
-    stage.grad_into(gpu, got)
+    stage.grad_into(list(gpu.parameters()), got)
     assert np.array_equal(got, np.float32(0.5) * w)
     assert not np.shares_memory(got, w)
-    on_device = stage.output(got)
-    stage.grad_into(gpu, on_device)
+    on_device = stage.empty(got.shape)
+    stage.grad_into(list(gpu.parameters()), on_device)
     assert on_device.device.type == "cuda"
     stage.upload(on_device, got)
     assert np.array_equal(got, np.float32(0.5) * w)
@@ -108,6 +108,7 @@ ELEMENTWISE = {
     "nesterov": dict(momentum=0.9, nesterov=True),
     "local steps, weight decay": dict(local_steps=3, weight_decay=0.01, momentum=0.5),
     "batched": dict(batched_clients=3, local_steps=2, weight_decay=0.01, momentum=0.9, nesterov=True),
+    "batched, one step": dict(batched_clients=2, momentum=0.9),
 }
 
 
@@ -195,15 +196,32 @@ def test_device_batches_are_the_host_batches(settings):
     sit out the round get none."""
     tr = trainer(host_path=False, **settings)
     taking = np.array([True, False, True, True])
-    ready = tr.clients.device_batches(5, taking)
-    assert sorted(ready) == [0, 2, 3]
-    for c, batches in ready.items():
+    ready = tr.clients.device_batches(5, taking, tr.clients.source.groups(tr.layout.local_clients, taking))
+    assert sorted(ready.spans) == [0, 2, 3]
+    for c, spans in ready.spans.items():
         host_batches = list(tr.clients.batches(5, c))
-        got = list(batches)
+        got = [ready.batch(c, k) for k in range(len(spans))]
         assert len(got) == len(host_batches) > 1
         for (x, y), (hx, hy) in zip(got, host_batches, strict=True):
             assert isinstance(x, torch.Tensor) and x.device == tr.device
             assert np.array_equal(x.numpy(), hx) and np.array_equal(y.numpy(), hy)
+
+
+def test_a_full_groups_batches_are_gathered_at_once():
+    """A group of slots that all hold clients of the round gets each step's batches in one gather,
+    ``(slots, batch, ...)``: the per-client batches stacked, exactly; a group with a slot that sits
+    out gets none (its batches are taken one by one)."""
+    tr = trainer(host_path=False, batched_clients=2, local_steps=2)
+    taking = np.array([True, True, False, True])
+    groups = tr.clients.source.groups(tr.layout.local_clients, taking)
+    assert [g.held for g in groups] == [[0, 1], [3]]
+    ready = tr.clients.device_batches(0, taking, groups)
+    for step in range(2):
+        x, y = ready.stacked(groups[0], step)
+        assert x.shape == (2, 32, *tr.clients.shards[0].x.shape[1:]) and y.shape == (2, 32)
+        assert torch.equal(x, torch.stack([ready.batch(c, step)[0] for c in (0, 1)]))
+        assert torch.equal(y, torch.stack([ready.batch(c, step)[1] for c in (0, 1)]))
+        assert ready.stacked(groups[1], step) is None
 
 
 def test_staging_copies_a_read_only_array():
@@ -220,9 +238,11 @@ def test_a_gpu_round_keeps_batches_statistics_and_rule_state_on_the_gpu():
     clients' BatchNorm statistics and cclip's center live there, and two rounds train to finite
     weights (the kernels differ from the CPU's, so no bits are compared with it)."""
     tr = trainer(device="cuda", model="cnn_bn", topology="server", aggregator="cclip")
-    ready = tr.clients.device_batches(0, np.ones(4, bool))
-    for c, batches in ready.items():
-        for (x, y), (hx, hy) in zip(batches, tr.clients.batches(0, c), strict=True):
+    taking = np.ones(4, bool)
+    ready = tr.clients.device_batches(0, taking, tr.clients.source.groups(tr.layout.local_clients, taking))
+    for c, spans in ready.spans.items():
+        got = [ready.batch(c, k) for k in range(len(spans))]
+        for (x, y), (hx, hy) in zip(got, tr.clients.batches(0, c), strict=True):
             assert (
                 x.device.type == "cuda" and np.array_equal(x.cpu().numpy(), hx) and np.array_equal(y.cpu().numpy(), hy)
             )

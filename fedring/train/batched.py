@@ -33,7 +33,7 @@ from fedring.errors import ConfigError
 
 from .data import Shard
 from .device import Staging
-from .gradients import Group
+from .gradients import Batches, Group
 from .optim import Vector
 
 
@@ -98,26 +98,33 @@ class VmapGradients:
                 out.append(Group(first, B, held))
         return out
 
-    def start(self, w: Vector, group: Group, steps: int, out: np.ndarray) -> tuple[Vector, Vector]:
+    def start(self, w: Vector, group: Group, steps: int, block: Vector | None) -> tuple[Vector, Vector]:
         """The slots' local weights (with one shared-weights step on the device, a read-only view of
-        ``w`` in every row: no copy) and gradient buffer."""
-        g = self.stage.empty((group.size, w.shape[0]))
+        ``w`` in every row: no copy) and gradient buffer (``block`` when given)."""
+        g = self.stage.empty((group.size, w.shape[0])) if block is None else block
         if steps == 1 and self.shared_first_step and isinstance(w, torch.Tensor):
             return w.expand(group.size, -1), g
         w_local = self.stage.empty((group.size, w.shape[0]))
         w_local[:] = w
         return w_local, g
 
-    def gradients(self, step: int, w_local: Vector, batches: list, g: Vector) -> torch.Tensor:
-        stack = torch.stack if isinstance(batches[0][0], torch.Tensor) else np.stack  # gathered on the device, or host
-        x = stack([b[0] for b in batches])
-        y = stack([b[1] for b in batches])
+    def gradients(self, step: int, w_local: Vector, batches: Batches, g: Vector) -> torch.Tensor:
+        x: torch.Tensor | np.ndarray
+        y: torch.Tensor | np.ndarray
+        if isinstance(batches, tuple):  # gathered at once on the device
+            x, y = batches
+        else:
+            stack = (
+                torch.stack if isinstance(batches[0][0], torch.Tensor) else np.stack
+            )  # gathered on the device, or host
+            x = stack([b[0] for b in batches])
+            y = stack([b[1] for b in batches])
         if step == 0 and self.shared_first_step:  # every row of w_local is the shared w
             weights = {n: v[0] for n, v in self.weights(w_local[:1]).items()}
             grads, losses = self.step_shared(weights, self.stage.tensor(x), self.stage.tensor(y))
         else:
             grads, losses = self.step(self.weights(w_local), self.stage.tensor(x), self.stage.tensor(y))
-        parts = [grads[n].reshape(len(batches), -1) for n in self.names]
+        parts = [grads[n].reshape(self.size, -1) for n in self.names]
         if isinstance(g, torch.Tensor):  # straight into the buffer, not through a (B, d) temporary
             torch.cat(parts, dim=1, out=g)
         else:

@@ -28,7 +28,7 @@ from fedring.rng import Stream, generator
 from .batched import VmapGradients
 from .data import Shard
 from .device import Staging
-from .gradients import Group, ModelGradients
+from .gradients import Batches, Group, ModelGradients
 from .optim import ClientOptimizer, ClientState, Vector, f32
 
 #: the key of a data attack's memory rows in :attr:`Clients.state` (checkpoint array ``client_attack``)
@@ -59,9 +59,10 @@ class Clients:
         self.layout, self.shards, self.stage, self.source = layout, shards, stage, source
         self.optimizer, self.poisoned, self.data_attack, self.lr_at = optimizer, poisoned, data_attack, lr_at
         self.rows: Vector = stage.empty((layout.n_local, d))
-        # the device path's copy of the shards: a round's batches are gathered there, by indices
-        # that cross once a round, instead of each batch crossing (and waiting for the device)
-        self.device_shards = None if stage.on_host else [(stage.tensor(s.x), stage.tensor(s.y)) for s in shards]
+        # the device path's copy of the shards, one after the other: a round's batches are gathered
+        # there, by indices that cross once a round, instead of each batch crossing (and waiting for
+        # the device)
+        self.device_data = None if stage.on_host else DeviceData(stage, shards)
         self.state: ClientState = optimizer.init(layout.n_local, d, None if stage.on_host else stage.device)
         if data_attack is not None and data_attack.remembers:  # checkpointed with the optimizer rows
             self.state[ATTACK_MEMORY] = np.full((layout.n_local, d), np.nan, np.float32)
@@ -75,44 +76,56 @@ class Clients:
         remembers = self.data_attack is not None and self.data_attack.remembers
         # an attack that remembers reads the weights in host memory: copied once a round, not per attacker
         w_host = host(w) if remembers else None
-        ready = self.device_batches(t, taking)
-        losses: dict[int, Any] = {}  # read once, at the end: reading a device's loss waits for it
-        for group in self.source.groups(self.layout.local_clients, taking):
+        groups = self.source.groups(self.layout.local_clients, taking)
+        ready = self.device_batches(t, taking, groups)
+        losses: list[tuple[list[int], Any]] = []  # read once, at the end: reading a device's loss waits for it
+        for group in groups:
             self.steps_of(t, w, group, ready, losses, w_host)
-        read = {c: v for c, v in losses.items() if isinstance(v, torch.Tensor)}
+        read = [(cs, v) for cs, v in losses if isinstance(v, torch.Tensor)]
         if read:
-            batch_loss[list(read)] = host(torch.stack(list(read.values())))
-        for c, v in losses.items():  # an attack's own steps report a number
-            if c not in read:
-                batch_loss[c] = v
+            batch_loss[[c for cs, _ in read for c in cs]] = host(torch.cat([v for _, v in read]))
+        for cs, v in losses:  # an attack's own steps report a number
+            if not isinstance(v, torch.Tensor):
+                batch_loss[cs] = v
         return self.rows, batch_loss
 
-    def device_batches(self, t: int, taking: np.ndarray) -> dict[int, Iterator[tuple[Vector, Vector]]]:
+    def device_batches(self, t: int, taking: np.ndarray, groups: list[Group]) -> RoundBatches | None:
         """On the device path, round ``t``'s batches of the local clients that take part (``taking``)
-        and train on clean data, gathered on the device from :attr:`device_shards`: every batch's
-        indices drawn first (the draws of :meth:`local_batches`, in the same order) and moved in
-        one copy. Empty on the host path; a poisoned client's batches stay host batches."""
-        if self.device_shards is None:
-            return {}
+        and train on clean data, gathered on the device from :attr:`device_data`: every batch's
+        indices drawn first (the draws of :meth:`local_batches`, each client's in the same order), laid
+        out group by group and step by step (``groups``, in the order :meth:`steps_of` takes them), and moved
+        in one copy. None on the host path, or when no such client takes part; a poisoned client's
+        batches stay host batches. A group whose slots all hold such clients gets each step's batches
+        in one gather (:meth:`RoundBatches.stacked`)."""
+        if self.device_data is None:
+            return None
         lo = self.layout.lo
-        clean = [c for c in self.layout.local_clients if taking[c - lo] and not self.data_poisoned(c)]
-        drawn = {c: list(self.batch_indices(self.shards[c - lo], self.batch_draws(t, c))) for c in clean}
+        clean = {c for c in self.layout.local_clients if taking[c - lo] and not self.data_poisoned(c)}
+        drawn = {c: list(self.batch_indices(self.shards[c - lo], self.batch_draws(t, c))) for c in sorted(clean)}
         if not drawn:
-            return {}
-        on_device = self.stage.tensor(np.concatenate([idx for c in clean for idx in drawn[c]]))
-        starts = np.cumsum([0, *(sum(len(idx) for idx in drawn[c]) for c in clean)]).tolist()
-
-        def gathered(c: int, at: int) -> Iterator[tuple[Vector, Vector]]:  # each batch when it is taken
-            x, y = self.device_shards[c - lo]  # type: ignore[index]
-            for idx in drawn[c]:
-                part = on_device[at : at + len(idx)]
-                at += len(idx)
-                yield x[part], y[part]
-
-        return {c: gathered(c, starts[k]) for k, c in enumerate(clean)}
+            return None
+        offsets = self.device_data.offsets
+        spans: dict[int, list[tuple[int, int]]] = {c: [] for c in drawn}
+        parts, at = [], 0
+        for group in groups:
+            held = [c for c in group.held if c in clean]
+            for step in range(max((len(drawn[c]) for c in held), default=0)):
+                for c in held:
+                    if step < len(drawn[c]):
+                        idx = drawn[c][step]
+                        parts.append(idx + offsets[c - lo])
+                        spans[c].append((at, len(idx)))
+                        at += len(idx)
+        return RoundBatches(self.device_data, self.stage.tensor(np.concatenate(parts)), spans)
 
     def steps_of(
-        self, t: int, w: Vector, group: Group, ready: dict, losses: dict[int, Any], w_host: np.ndarray | None
+        self,
+        t: int,
+        w: Vector,
+        group: Group,
+        ready: RoundBatches | None,
+        losses: list[tuple[list[int], Any]],
+        w_host: np.ndarray | None,
     ) -> None:
         """The local steps of ``group``'s held clients (their batches from ``ready``, else drawn now),
         their uploads into ``rows`` and their first batch losses into ``losses``; a poisoned client
@@ -124,12 +137,18 @@ class Clients:
             if not group.held:
                 return
         lo, held, lr = self.layout.lo, group.held, f32(self.lr_at(t))
-        batches = {c: ready[c] if c in ready else self.batches(t, c) for c in held}
+        on_host = {c: self.batches(t, c) for c in held if ready is None or c not in ready}
         steps = self.step_count(self.shards[held[0] - lo])
-        w_local, g = self.source.start(w, group, steps, self.rows[held[0] - lo])
+        block = self.block(group)
+        w_local, g = self.source.start(w, group, steps, block)
         for step in range(steps):
-            drawn = {c: next(batches[c]) for c in held}
-            step_losses = self.source.gradients(step, w_local, [drawn.get(c, drawn[held[0]]) for c in slots(group)], g)
+            batches: Batches | None = ready.stacked(group, step) if ready is not None else None
+            if batches is None:
+                drawn: dict[int, tuple[Any, Any]] = {c: next(it) for c, it in on_host.items()}
+                if ready is not None:
+                    drawn.update({c: ready.batch(c, step) for c in held if c not in on_host})
+                batches = [drawn.get(c, drawn[held[0]]) for c in slots(group)]
+            step_losses = self.source.gradients(step, w_local, batches, g)
             if step == 0:
                 first_loss = step_losses
             for c in held:
@@ -140,13 +159,23 @@ class Clients:
         self.source.end(w, group, steps)
         for c in held:
             s, out = c - group.first, self.rows[c - lo]
-            u = self.stage.output(out)
-            u[:] = (w - w_local[s]) / lr if steps > 1 else g[s]
-            self.upload(c, u, out, w_host, lr)
-            losses[c] = first_loss[s]
+            if steps > 1:
+                out[:] = (w - w_local[s]) / lr
+            elif block is None:  # else the gradient is in its row already
+                out[:] = g[s]
+            self.upload(c, out, w_host, lr)
+        losses.append((held, first_loss if block is not None else first_loss[[c - group.first for c in held]]))
+
+    def block(self, group: Group) -> Vector | None:
+        """The rows of ``group``'s slots when each holds one of its clients: its gradients are computed
+        there; else None."""
+        if len(group.held) != group.size:
+            return None
+        k = group.first - self.layout.lo
+        return self.rows[k : k + group.size]
 
     def attack_steps(
-        self, t: int, w: Vector, solo: Group, data_attack: DataAttack, losses: dict, w_host: np.ndarray | None
+        self, t: int, w: Vector, solo: Group, data_attack: DataAttack, losses: list, w_host: np.ndarray | None
     ) -> None:
         """The local steps of ``solo``'s one poisoned client, run by ``data_attack``
         (:meth:`fedring.attacks.DataAttack.local_steps`) on host vectors, and its upload
@@ -156,7 +185,9 @@ class Clients:
         s, out, lr = c - solo.first, self.rows[c - self.layout.lo], f32(self.lr_at(t))
         shard = self.shards[c - self.layout.lo]
         attack = data_attack.attacker(int(self.poisoned[:c].sum()))  # its index among the attackers
-        w_local, g = self.source.start(w, solo, 2, out)  # as with several steps: local weights of their own
+        w_local, g = self.source.start(
+            w, solo, 2, self.block(solo)
+        )  # as with several steps: local weights of their own
         first: list[float] = []
 
         def gradient(v: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
@@ -174,20 +205,18 @@ class Clients:
         run = LocalRun(w0, batches, (shard.x, shard.y), gradient, lr, self.step_count(shard))
         w_attack = attack.local_steps(run)
         self.source.end(w, solo, 2)
-        u = self.stage.output(out)
-        u[:] = (w - like(w_attack, w)) / lr
-        self.upload(c, u, out, w_host, lr)
-        losses[c] = first[0] if first else 0.0
+        out[:] = (w - like(w_attack, w)) / lr
+        self.upload(c, out, w_host, lr)
+        losses.append(([c], first[0] if first else 0.0))
 
-    def upload(self, client: int, u: Vector, out: Vector, w_host: np.ndarray | None, lr: float) -> None:
-        """``client``'s update direction ``u`` (made by ``stage.output(out)``: ``out`` itself, its row of
-        :attr:`rows`) as the vector it uploads, in ``out``: its momentum direction, changed
+    def upload(self, client: int, out: Vector, w_host: np.ndarray | None, lr: float) -> None:
+        """``client``'s update direction, in ``out`` (its row of :attr:`rows`), made the vector it
+        uploads, in place: its momentum direction, changed
         (:meth:`fedring.attacks.DataAttack.release`, from the round's host weights ``w_host``, given
         to an attack that remembers, and ``lr``) and scaled under a data attack. A data attack works
         on host rows: on the device path its attacker's row goes to host memory and back."""
         k = client - self.layout.lo
-        self.optimizer.direction(self.state, k, u)
-        self.stage.upload(u, out)
+        self.optimizer.direction(self.state, k, out)
         if self.poisoned[client] and self.data_attack is not None:
             memory = self.state[ATTACK_MEMORY][k] if self.data_attack.remembers else None
             row = host(out)  # out itself on the host path
@@ -240,6 +269,45 @@ class Clients:
             order = rng.permutation(len(shard.y))
             for a in range(0, len(order), self.batch_size):
                 yield np.sort(order[a : a + self.batch_size])
+
+
+class DeviceData:
+    """A rank's shards on the device, one after the other: ``x`` and ``y``, and where each local
+    client's samples start (``offsets``)."""
+
+    def __init__(self, stage: Staging, shards: list[Shard]):
+        self.x = stage.tensor(np.concatenate([s.x for s in shards]))
+        self.y = stage.tensor(np.concatenate([s.y for s in shards]))
+        self.offsets = np.cumsum([0, *(len(s.y) for s in shards[:-1])]).tolist()
+
+
+class RoundBatches:
+    """One round's batches on the device (:meth:`Clients.device_batches`): the samples' indices into
+    ``data``, in one device array, and each client's batches as ``(start, length)`` spans of it."""
+
+    def __init__(self, data: DeviceData, index: torch.Tensor, spans: dict[int, list[tuple[int, int]]]):
+        self.data, self.index, self.spans = data, index, spans
+
+    def __contains__(self, client: int) -> bool:
+        return client in self.spans
+
+    def batch(self, client: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``client``'s batch of local step ``step``."""
+        at, m = self.spans[client][step]
+        part = self.index[at : at + m]
+        return self.data.x.index_select(0, part), self.data.y.index_select(0, part)
+
+    def stacked(self, group: Group, step: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The ``(size, batch, ...)`` batches of step ``step`` of every slot of ``group``, gathered at
+        once, when every slot is a client of this round's with a batch of one size at that step (laid
+        out one after the other); else None."""
+        spans = [s[step] for c in slots(group) if step < len(s := self.spans.get(c, []))]
+        if not spans or spans != [(spans[0][0] + k * spans[0][1], spans[0][1]) for k in range(group.size)]:
+            return None
+        (at, m), size = spans[0], group.size
+        part = self.index[at : at + size * m]
+        x, y = self.data.x.index_select(0, part), self.data.y.index_select(0, part)
+        return x.view(size, m, *x.shape[1:]), y.view(size, m, *y.shape[1:])
 
 
 def slots(group: Group) -> range:

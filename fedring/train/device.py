@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from mpi4py import MPI
-from torch import nn
 
 from fedring.comm.network import Transfers
 from fedring.errors import ConfigError
@@ -146,40 +146,34 @@ class Staging:
         self.host.numpy()[:] = array
         return self.host.to(self.device, copy=True)
 
-    def output(self, out: Vector) -> Vector:
-        """Where a vector bound for ``out`` is built: ``out`` itself when it is of this path's kind (a
-        row of the clients' uploads, :attr:`fedring.train.clients.Clients.rows`), else (a host array on
-        the device path) a new device vector that :meth:`upload` copies into ``out``."""
-        return out if self.on_host or isinstance(out, torch.Tensor) else self.empty(out.shape)
+    def upload(self, vec: torch.Tensor, out: np.ndarray) -> None:
+        """The device vector ``vec`` into the host array ``out``, through the pinned buffer."""
+        self.host.copy_(vec)
+        out[:] = self.host.numpy()
 
-    def upload(self, vec: Vector, out: Vector) -> None:
-        """``vec`` from :meth:`output` into ``out``: nothing when it is ``out`` already."""
-        if isinstance(vec, torch.Tensor) and isinstance(out, np.ndarray):
-            self.host.copy_(vec)
-            out[:] = self.host.numpy()
-
-    def load(self, model: nn.Module, vec: Vector) -> None:
-        """The parameters from ``vec`` (float32, length d): a host array, or a vector of this path's kind."""
+    def load(self, params: Sequence[torch.Tensor], vec: Vector) -> None:
+        """``params`` (a model's parameters, in order, as :meth:`grad_into` takes them) from ``vec``
+        (float32, length d): a host array, or a vector of this path's kind."""
         if isinstance(vec, np.ndarray):
             if self.on_host:
-                load_flat(model, vec)
+                load_flat(params, vec)
                 return
             self.host.numpy()[:] = vec
             self.flat.copy_(self.host)  # synchronous: the next load may overwrite the host buffer at once
             vec = self.flat
-        params: list[torch.Tensor] = list(model.parameters())
         with torch.no_grad():  # copies, all in one call: the parameters must not alias the vector
             parts = torch.split(vec, [p.numel() for p in params])
-            torch._foreach_copy_(params, [part.view_as(p) for part, p in zip(parts, params)])
+            torch._foreach_copy_(list(params), [part.view_as(p) for part, p in zip(parts, params)])
 
-    def grad_into(self, model: nn.Module, out: Vector) -> None:
-        """The gradients into ``out`` (float32, length d): a host array, or a vector of this path's kind;
-        in parameter order."""
+    def grad_into(self, params: Sequence[torch.Tensor], out: Vector) -> None:
+        """The gradients of ``params`` (a model's parameters, in order: a list kept, not walked from the
+        model's modules at each call) into ``out`` (float32, length d): a host array, or a vector of
+        this path's kind."""
         if isinstance(out, np.ndarray) and self.on_host:
-            flat_grad_into(model, out)
+            flat_grad_into(params, out)
             return
         flat = self.flat if isinstance(out, np.ndarray) else out
-        grads = [p.grad for p in model.parameters()]
+        grads = [p.grad for p in params]
         assert all(g is not None for g in grads), "grad_into after a backward pass"
         with torch.no_grad():  # one concatenation into the row, not a copy per parameter
             torch.cat([g.reshape(-1) for g in grads if g is not None], out=flat)

@@ -5,12 +5,15 @@ The local steps (:mod:`fedring.train.clients`) are written once over a :class:`G
 slots; a source of gradients provides the group's buffers and, at each step, the gradients of
 every slot at its local weights. Both sources keep the same contract:
 
-- ``start(w, group, steps, out)``: the ``(B, d)`` local weights (each row ``w`` at first) and the
-  ``(B, d)`` gradient buffer, of the staging path's kind;
+- ``start(w, group, steps, block)``: the ``(B, d)`` local weights (each row ``w`` at first) and the
+  ``(B, d)`` gradient buffer, of the staging path's kind: ``block`` itself, the slots' rows of the
+  clients' uploads, when there is one (the gradients of one local step are then the uploads'
+  directions already, with no copy);
 - ``gradients(step, w_local, batches, g)``: the slots' gradients at ``w_local`` into ``g``, and
   their losses, a ``(B,)`` tensor where the model computes (the clients read a round's losses
-  once: on a device each read waits for it); a batch is a pair of host arrays, or of tensors
-  gathered on the device;
+  once: on a device each read waits for it); ``batches`` is a list of each slot's batch, a pair of
+  host arrays or of tensors gathered on the device, or the slots' batches gathered at once, a pair
+  of ``(B, batch, ...)`` tensors (:meth:`fedring.train.clients.RoundBatches.stacked`);
 - ``end(w, group, steps)``: after the group's last step.
 """
 
@@ -26,6 +29,10 @@ from torch import nn
 from .device import Staging
 from .optim import Vector
 from .state import ModelBuffers
+
+#: a group's batches of one step: each slot's ``(x, y)`` (host arrays, or tensors gathered on the
+#: device), or every slot's at once, ``(B, batch, ...)`` tensors
+Batches = list | tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -56,24 +63,24 @@ class ModelGradients:
         """Each local client that takes part (``taking``, per local client) in a group of its own."""
         return [Group(c, 1, [c]) for k, c in enumerate(clients) if taking[k]]
 
-    def start(self, w: Vector, group: Group, steps: int, out: np.ndarray) -> tuple[Vector, Vector]:
-        """Local weights (``w`` itself with one step) and the gradient, built where the upload ``out`` is."""
+    def start(self, w: Vector, group: Group, steps: int, block: Vector) -> tuple[Vector, Vector]:
+        """Local weights (``w`` itself with one step) and the gradient, built in the client's row ``block``."""
         self.buffers.use(group.first - self.lo)
         w_local = self.stage.copy(w) if steps > 1 else w
-        return w_local[None], self.stage.output(out)[None]
+        return w_local[None], block
 
-    def gradients(self, step: int, w_local: Vector, batches: list, g: Vector) -> torch.Tensor:
+    def gradients(self, step: int, w_local: Vector, batches: Batches, g: Vector) -> torch.Tensor:
         if step:
-            self.stage.load(self.model, w_local[0])
-        ((x, y),) = batches
+            self.stage.load(self.params, w_local[0])
+        x, y = (batches[0][0], batches[1][0]) if isinstance(batches, tuple) else batches[0]
         loss = self.backward(x, y)
-        self.stage.grad_into(self.model, g[0])
+        self.stage.grad_into(self.params, g[0])
         return loss.reshape(1)
 
     def end(self, w: Vector, group: Group, steps: int) -> None:
         self.buffers.keep(group.first - self.lo)
         if steps > 1:
-            self.stage.load(self.model, w)
+            self.stage.load(self.params, w)
 
     def backward(self, x, y) -> torch.Tensor:
         """The model's gradients of the mean cross-entropy on ``(x, y)``; returns the loss, detached."""
@@ -89,5 +96,5 @@ class ModelGradients:
         """The gradient on ``(x, y)`` at the weights the model holds, as a new float32 host vector."""
         self.backward(x, y)
         out = np.empty(d, np.float32)
-        self.stage.grad_into(self.model, out)
+        self.stage.grad_into(self.params, out)
         return out

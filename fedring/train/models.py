@@ -9,6 +9,7 @@ model is the one of earlier releases, initialised alike from the same seed.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -369,15 +370,15 @@ def flatten(model: nn.Module) -> np.ndarray:
     return torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy().astype(np.float32)
 
 
-def load_flat(model: nn.Module, vec: np.ndarray) -> None:
-    """Set the parameters from a flat vector (the inverse of :func:`flatten`)."""
-    torch.nn.utils.vector_to_parameters(torch.from_numpy(np.ascontiguousarray(vec, np.float32)), model.parameters())
+def load_flat(params: Iterable[torch.Tensor], vec: np.ndarray) -> None:
+    """Set ``params`` (a model's parameters, in order) from a flat vector (the inverse of :func:`flatten`)."""
+    torch.nn.utils.vector_to_parameters(torch.from_numpy(np.ascontiguousarray(vec, np.float32)), params)
 
 
-def flat_grad_into(model: nn.Module, out: np.ndarray) -> None:
-    """Copy the gradients into ``out`` (float32, length d), in parameter order."""
+def flat_grad_into(params: Iterable[torch.Tensor], out: np.ndarray) -> None:
+    """Copy the gradients of ``params`` (a model's parameters, in order) into ``out`` (float32, length d)."""
     k = 0
-    for p in model.parameters():
+    for p in params:
         m = p.numel()
         assert p.grad is not None, "called after backward(), which fills every parameter's gradient"
         out[k : k + m] = p.grad.numpy().reshape(-1)

@@ -45,6 +45,7 @@ class Replica:
         buffers: ModelBuffers,
     ):
         self.model, self.stage, self.buffers = model, stage, buffers
+        self.params = list(model.parameters())
         self.optimizer, self.step_sizes = optimizer, step_sizes
         self.w_staged: Vector = stage.vector(w)  # w itself on the host path
         self.optimizer_on_host = stage.on_host or not getattr(optimizer, "on_device", False)
@@ -78,7 +79,7 @@ class Replica:
 
     def load(self) -> None:
         """After the weights changed: the model's parameters (a copy; on the device path from the device)."""
-        self.stage.load(self.model, self.w_staged)
+        self.stage.load(self.params, self.w_staged)
 
     def weight_mean_change(self) -> float:
         """Drift diagnostic: the mean over coordinates of ``w_t - w_0``, ``np.mean(w - w0, dtype=np.float64)``

@@ -230,7 +230,7 @@ def logits_from_run(run_h5: str, data_dir: str | None = None) -> tuple[np.ndarra
         need = models.n_parameters(model)
         name = config.get("model", "cnn")
         raise ConfigError(key, f"/{MODEL_FINAL} has {flat.size} values, model {name!r} needs {need}")
-    models.load_flat(model, flat)
+    models.load_flat(model.parameters(), flat)
     dataset = DATASETS.build(
         config.get("dataset", "fashion-mnist"), {}, key=key, data_dir=data_dir or config.get("data_dir")
     )
