@@ -146,8 +146,9 @@ def test_device_path_batchnorm_statistics_are_the_host_paths(bn_stats):
     assert isinstance(db.rows, torch.Tensor) and torch.equal(db.rows, rows) and np.array_equal(db.shared, shared)
 
 
+@pytest.mark.parametrize("batched", [None, 2], ids=["per-client", "batched"])
 @pytest.mark.parametrize("local_steps", [1, 3])
-def test_device_path_clips_within_the_norms_rounding(local_steps):
+def test_device_path_clips_within_the_norms_rounding(local_steps, batched):
     """Clipping scales by ``c / ||g||`` with the norm summed in float64, in another order by torch
     than by numpy: the norms differ by about 1e-16 relative, which can move the float32 factor by
     one ulp (6e-8 relative) and, over 3 local steps and 3 rounds, the weights they are taken at.
@@ -155,7 +156,9 @@ def test_device_path_clips_within_the_norms_rounding(local_steps):
     local step and no momentum every upload is a clipped gradient, of norm c. Measured: equal bit
     for bit on these runs."""
     c = 0.01  # far below the synthetic model's gradient norms: every mini-batch gradient is clipped
-    settings = dict(clip_norm=c, local_steps=local_steps, weight_decay=0.0 if local_steps == 1 else 0.01)
+    settings = dict(
+        clip_norm=c, local_steps=local_steps, weight_decay=0.0 if local_steps == 1 else 0.01, batched_clients=batched
+    )
     for a, b in zip(uploads(trainer(**settings), 3), uploads(trainer(host_path=False, **settings), 3), strict=True):
         assert np.abs(a - b).max() <= 1e-6 * np.abs(a).max()
         if local_steps == 1:
@@ -326,6 +329,20 @@ def test_bench_train_device_path_runs_the_gpus_path_on_the_cpu(fedring_cli, tmp_
     refused = fedring_cli("bench", "train", *args, "--device-path", "--device", "cuda")
     assert refused.returncode == 2 and not refused.stdout
     assert "--device-path runs the device path on the CPU: it needs --device cpu, got 'cuda'" in refused.stderr
+
+
+def test_bench_train_set_changes_fedrings_settings_only(fedring_cli, tmp_path):
+    """``--set`` changes fedring's run (here client momentum), not the bare loops' plain SGD: the two
+    models then differ by the setting, and the line says why; a malformed item is refused."""
+    out = tmp_path / "bench.json"
+    args = ["--clients", "3", "--rounds", "2", "--dataset", "synthetic", "--model", "mlp", "--json", out]
+    result = fedring_cli("bench", "train", *args, "--set", "momentum=0.9")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["settings"] == ["momentum=0.9"] and record["max_weight_difference"] > 1e-4
+    assert "(fedring's settings momentum=0.9; the bare loops take plain SGD steps)" in result.stdout
+    refused = fedring_cli("bench", "train", *args, "--set", "momentum")
+    assert refused.returncode == 2 and "--set: expected KEY=VALUE, got 'momentum'" in refused.stderr
 
 
 def test_bench_train_times_a_server_rule_under_attack(fedring_cli, tmp_path):

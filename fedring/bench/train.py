@@ -17,6 +17,8 @@ tensors where the rows would be numpy, and a batched first step with one set of 
 GPU): with a small model, whose kernels take about as long as a GPU's launches, its overhead over the
 bare loops is the host's work that a GPU's round waits for.
 
+``--set KEY=VALUE`` changes a setting of fedring's run (client momentum, clipping, local steps
+...); the bare loops keep their plain SGD steps, so the ratio is then that setting's cost too.
 With ``--batched-clients B``, a second fedring run with ``batched_clients = B``
 (:mod:`fedring.train.batched`) is interleaved too, and its speed-up over the per-client loop
 printed. Prints rounds per second and client steps per second of each, ``ratio fedring/bare-loop: X.XX``
@@ -38,7 +40,7 @@ import torch.nn.functional as F
 from mpi4py import MPI
 from torch.func import functional_call, grad, vmap
 
-from fedring.config import Config
+from fedring.config import Config, merge, parse_value
 from fedring.datasets import DATASETS
 from fedring.rng import Stream, generator
 from fedring.runtime import world
@@ -171,6 +173,13 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="on the CPU, fedring's device path (torch tensors, batched first steps with shared weights: as on a GPU)",
     )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of fedring's run (docs/cli.md), e.g. momentum=0.9; the bare loops keep plain SGD steps",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = p.parse_args(argv)
     if args.device_path and args.device != "cpu":
@@ -191,6 +200,11 @@ def main(argv: list[str]) -> int:
         byzantine=args.byzantine,
         quiet=True,
     )
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--set: expected KEY=VALUE, got {item!r}")
+        merge(cfg, {key.strip(): parse_value(value.strip())}, "--set")
     TrainTask(cfg, comm.size)  # validates and fills the defaults, as a run does
     load_before = os.getloadavg()
     host_path = False if args.device_path else None
@@ -238,6 +252,7 @@ def main(argv: list[str]) -> int:
         "aggregator": cfg.aggregator,
         "attack": cfg.attack,
         "byzantine": cfg.byzantine,
+        "settings": args.set,
         "ratio": ratio,
         "max_weight_difference": gap,
         "load_average_before": load_before[0],
@@ -252,12 +267,12 @@ def main(argv: list[str]) -> int:
     print(f"{'loop':<16}{'s/round':>10}{'rounds/s':>10}{'steps/s':>10}")
     for name, s in seconds.items():
         print(f"{name:<16}{s:>10.4f}{1 / s:>10.2f}{cfg.clients / s:>10.1f}")
-    same = cfg.aggregator == "mean" and cfg.attack == "none"
-    why = (
-        "the same steps; sums in another order"
-        if same
-        else f"fedring's rule is {cfg.aggregator}, the bare loops average"
-    )
+    if args.set:
+        why = f"fedring's settings {', '.join(args.set)}; the bare loops take plain SGD steps"
+    elif cfg.aggregator == "mean" and cfg.attack == "none":
+        why = "the same steps; sums in another order"
+    else:
+        why = f"fedring's rule is {cfg.aggregator}, the bare loops average"
     print(f"final models differ by at most {gap:.2e} ({why})")
     print(f"load average (1 min): {load_before[0]:.2f} before, {record['load_average_after']:.2f} after")
     if "fedring-batched" in seconds:
