@@ -49,9 +49,9 @@ from fedring.train.optim import ClientOptimizer
 
 def upload(cl, client, u, w=None, lr=1.0):
     """``client``'s upload of ``u`` through :meth:`Clients.upload` (on the host path the vector is built in its row)."""
-    out = np.array(u, np.float32)
-    cl.upload(client, out, w, lr)
-    return out
+    cl.rows[client] = np.array(u, np.float32)
+    cl.upload(client, w, lr)
+    return cl.rows[client].copy()
 
 
 def clients(attack, poisoned, d=4, shards=None):

@@ -53,6 +53,23 @@ def test_clipping_scales_to_the_norm_bound_and_then_decays():
     # clipped first, then the decay term (torch's order: clip_grad_norm_, then SGD's weight decay)
     opt = ClientOptimizer(weight_decay=0.25, clip_norm=2.5)
     assert opt.gradient(np.array([3, 4], F32), np.array([4, -8], F32)).tolist() == [2.5, 0.0]
+    # rows: each clipped on its own, the decay row by row
+    rows = opt.gradient(np.array([[3, 4], [0.3, 0.4]], F32), np.array([[4, -8], [0, 4]], F32))
+    assert rows.tolist() == [[2.5, 0.0], [np.float32(0.3), np.float32(0.4) + 1]]
+
+
+@pytest.mark.parametrize(
+    "g",
+    [[3, 4], [0.3, 0.4], [2.5, 0], [0, 0], [np.nan, 1], [np.inf, 1], [-np.inf, 0], [1e30, 1e30]],
+    ids=["outside", "inside", "on the sphere", "zero", "nan", "inf", "-inf", "float32 square overflows"],
+)
+def test_clipping_a_tensor_is_the_arrays_bits_without_reading_the_norm(g):
+    """A tensor's factor is chosen on its device (no read of the norm): on these vectors its result is
+    the array's bit for bit, a non-finite one included (NaN stays, infinity times 0 is NaN)."""
+    with np.errstate(invalid="ignore"):  # infinity times 0
+        a = clip(np.array(g, F32), 2.5)
+    t = clip(torch.tensor(g, dtype=torch.float32), 2.5)
+    assert np.array_equal(a.view(np.uint32), t.numpy().view(np.uint32))
 
 
 def test_client_optimizer_matches_torch_sgd():

@@ -151,19 +151,23 @@ class Clients:
             step_losses = self.source.gradients(step, w_local, batches, g)
             if step == 0:
                 first_loss = step_losses
-            for c in held:
-                s = c - group.first
-                self.optimizer.gradient(g[s], w_local[s])
-                if steps > 1:
-                    w_local[s] -= lr * g[s]
-        self.source.end(w, group, steps)
-        for c in held:
-            s, out = c - group.first, self.rows[c - lo]
+            # every slot's row at once, row by row the same arithmetic (a padded slot's is dropped)
+            self.optimizer.gradient(g, w_local)
             if steps > 1:
-                out[:] = (w - w_local[s]) / lr
-            elif block is None:  # else the gradient is in its row already
-                out[:] = g[s]
-            self.upload(c, out, w_host, lr)
+                w_local -= lr * g
+        self.source.end(w, group, steps)
+        if block is not None:  # the gradients are in the rows already
+            if steps > 1:
+                block[:] = (w - w_local) / lr
+            k = group.first - lo
+            self.optimizer.direction(self.state, slice(k, k + group.size), block)
+        else:
+            for c in held:
+                s, out = c - group.first, self.rows[c - lo]
+                out[:] = (w - w_local[s]) / lr if steps > 1 else g[s]
+                self.optimizer.direction(self.state, c - lo, out)
+        for c in held:
+            self.release(c, w_host, lr)
         losses.append((held, first_loss if block is not None else first_loss[[c - group.first for c in held]]))
 
     def block(self, group: Group) -> Vector | None:
@@ -206,25 +210,33 @@ class Clients:
         w_attack = attack.local_steps(run)
         self.source.end(w, solo, 2)
         out[:] = (w - like(w_attack, w)) / lr
-        self.upload(c, out, w_host, lr)
+        self.upload(c, w_host, lr)
         losses.append(([c], first[0] if first else 0.0))
 
-    def upload(self, client: int, out: Vector, w_host: np.ndarray | None, lr: float) -> None:
-        """``client``'s update direction, in ``out`` (its row of :attr:`rows`), made the vector it
-        uploads, in place: its momentum direction, changed
-        (:meth:`fedring.attacks.DataAttack.release`, from the round's host weights ``w_host``, given
-        to an attack that remembers, and ``lr``) and scaled under a data attack. A data attack works
-        on host rows: on the device path its attacker's row goes to host memory and back."""
+    def upload(self, client: int, w_host: np.ndarray | None, lr: float) -> None:
+        """``client``'s update direction, in its row of :attr:`rows`, made the vector it uploads, in
+        place: its momentum direction (:meth:`ClientOptimizer.direction`), then :meth:`release`."""
         k = client - self.layout.lo
-        self.optimizer.direction(self.state, k, out)
-        if self.poisoned[client] and self.data_attack is not None:
-            memory = self.state[ATTACK_MEMORY][k] if self.data_attack.remembers else None
-            row = host(out)  # out itself on the host path
-            self.data_attack.release(row, lr, w_host, memory)
-            if self.data_attack.scale != 1:
-                row *= np.float32(self.data_attack.scale)
-            if row is not out:
-                out[...] = like(row, out)
+        self.optimizer.direction(self.state, k, self.rows[k])
+        self.release(client, w_host, lr)
+
+    def release(self, client: int, w_host: np.ndarray | None, lr: float) -> None:
+        """Under a data attack, poisoned ``client``'s row of :attr:`rows` changed
+        (:meth:`fedring.attacks.DataAttack.release`, from the round's host weights ``w_host``, given
+        to an attack that remembers, and ``lr``) and scaled, in place; nothing for another client. A
+        data attack works on host rows: on the device path its attacker's row goes to host memory
+        and back."""
+        if not self.poisoned[client] or self.data_attack is None:
+            return
+        k = client - self.layout.lo
+        out = self.rows[k]
+        memory = self.state[ATTACK_MEMORY][k] if self.data_attack.remembers else None
+        row = host(out)  # out itself on the host path
+        self.data_attack.release(row, lr, w_host, memory)
+        if self.data_attack.scale != 1:
+            row *= np.float32(self.data_attack.scale)
+        if row is not out:
+            out[...] = like(row, out)
 
     def batch_draws(self, t: int, client: int) -> np.random.Generator:
         """The generator of ``client``'s batches in round ``t``, on either path."""

@@ -68,22 +68,11 @@ def f32(x: float) -> float:
 # Client optimizer
 
 
-def norm64(g: Vector) -> float:
-    """``||g||_2`` summed in float64: numpy's sum for an array, torch's (another order) for a tensor.
-
-    >>> import torch
-    >>> norm64(np.array([3, 4], np.float32)), norm64(torch.tensor([3.0, 4.0]))
-    (5.0, 5.0)
-    """
-    if isinstance(g, np.ndarray):
-        return float(np.linalg.norm(g.astype(np.float64)))
-    import torch
-
-    return float(torch.linalg.vector_norm(g, dtype=torch.float64))
-
-
 def clip(g: Vector, c: float) -> Vector:
-    """``g * min(1, c / ||g||)`` in place (the norm in float64, :func:`norm64`); a zero vector stays zero.
+    """``g * min(1, c / ||g||)`` in place, the norm summed in float64 (numpy's sum for an array,
+    torch's, in another order, for a tensor) and the factor ``c / ||g||`` rounded to float32; a zero
+    vector stays zero. A tensor's factor is chosen on its device (1, an exact product, inside the
+    ball), so that no read of the norm waits for the device.
 
     >>> clip(np.array([3, 4], np.float32), 1.0).tolist()
     [0.6000000238418579, 0.800000011920929]
@@ -93,9 +82,15 @@ def clip(g: Vector, c: float) -> Vector:
     >>> clip(torch.tensor([3.0, 4.0]), 1.0).tolist()
     [0.6000000238418579, 0.800000011920929]
     """
-    norm = norm64(g)
-    if norm > c:
-        g *= f32(c / norm)
+    if isinstance(g, np.ndarray):
+        norm = float(np.linalg.norm(g.astype(np.float64)))
+        if norm > c:
+            g *= f32(c / norm)
+        return g
+    import torch
+
+    norm = torch.linalg.vector_norm(g, dtype=torch.float64)
+    g *= torch.where(norm > c, c / norm, 1.0).to(torch.float32)
     return g
 
 
@@ -153,16 +148,18 @@ class ClientOptimizer:
         return {"m": torch.zeros((n_local, d), dtype=torch.float32, device=device)}
 
     def gradient(self, g: Vector, w: Vector) -> Vector:
-        """One mini-batch gradient ``g`` at the local weights ``w``: clipped, then weight decay (in place)."""
+        """One mini-batch gradient ``g`` at the local weights ``w``: clipped, then weight decay (in
+        place); or ``(clients, d)`` rows of them, each clipped on its own."""
         if self.clip_norm is not None:
-            clip(g, self.clip_norm)
+            for row in g if g.ndim == 2 else [g]:
+                clip(row, self.clip_norm)
         if self.weight_decay:
             g += f32(self.weight_decay) * w
         return g
 
-    def direction(self, state: ClientState, k: int, u: Vector) -> Vector:
+    def direction(self, state: ClientState, k: int | slice, u: Vector) -> Vector:
         """The vector local client ``k`` uploads for its update direction ``u``; updates its buffer ``m_k``
-        (in place, as ``u``)."""
+        (in place, as ``u``). With a slice ``k`` of local clients, ``u`` is their rows."""
         if not self.momentum:
             return u
         m, beta = state["m"][k], f32(self.momentum)

@@ -70,7 +70,7 @@ class Privacy:
         """Round ``t``'s uploads ``rows`` of this rank's clients ``lo, lo + 1, ...``: with local DP, the rows of
         the ``honest`` ones (a mask over the rows: the honest members of the cohort) clipped to ``C`` and
         noised, in place. Returns ``rows``. Device rows stay on their device: the noise, drawn on the
-        host, is added there (the norm of the clipping is summed in another order, :func:`norm64`)."""
+        host, is added there (the norm of the clipping is summed in another order, :func:`clip`)."""
         if self.mode != "local":
             return rows
         sigma = np.float32(self.noise_multiplier * self.clip)
