@@ -72,6 +72,23 @@ def test_clipping_a_tensor_is_the_arrays_bits_without_reading_the_norm(g):
     assert np.array_equal(a.view(np.uint32), t.numpy().view(np.uint32))
 
 
+def test_clipping_rows_clips_each_row_on_its_own():
+    """Rows: each row as the vector alone, an array's row by row and a tensor's at once, bit for bit
+    (the vectors of the test above, and rows of 1,000 random entries of which some are clipped)."""
+    vectors = [[3, 4], [0.3, 0.4], [2.5, 0], [0, 0], [np.nan, 1], [np.inf, 1], [-np.inf, 0], [1e30, 1e30]]
+    rng = np.random.default_rng(0)
+    for rows in (
+        np.array(vectors, F32),
+        (rng.standard_normal((6, 1000)) * [[0.01], [0.1], [1], [10], [1], [0]]).astype(F32),
+    ):
+        with np.errstate(invalid="ignore"):
+            alone = np.stack([clip(row.copy(), 2.5) for row in rows])
+            a = clip(rows.copy(), 2.5)
+        t = clip(torch.from_numpy(rows.copy()), 2.5)
+        assert np.array_equal(a.view(np.uint32), alone.view(np.uint32))
+        assert np.array_equal(t.numpy().view(np.uint32), alone.view(np.uint32))
+
+
 def test_client_optimizer_matches_torch_sgd():
     """torch.optim.SGD with momentum, Nesterov and weight decay, on random float32 data: the same
     trajectory up to float32 rounding (torch fuses ``p + alpha * d`` where numpy rounds twice)."""

@@ -99,11 +99,11 @@ class VmapGradients:
         return out
 
     def start(self, w: Vector, group: Group, steps: int, block: Vector | None) -> tuple[Vector, Vector]:
-        """The slots' local weights (with one shared-weights step on the device, a read-only view of
-        ``w`` in every row: no copy) and gradient buffer (``block`` when given)."""
+        """The slots' local weights (with one shared-weights step on the device, ``w[None]``, one row
+        for every slot: no copy) and gradient buffer (``block`` when given)."""
         g = self.stage.empty((group.size, w.shape[0])) if block is None else block
         if steps == 1 and self.shared_first_step and isinstance(w, torch.Tensor):
-            return w.expand(group.size, -1), g
+            return w[None], g
         w_local = self.stage.empty((group.size, w.shape[0]))
         w_local[:] = w
         return w_local, g
@@ -119,7 +119,7 @@ class VmapGradients:
             )  # gathered on the device, or host
             x = stack([b[0] for b in batches])
             y = stack([b[1] for b in batches])
-        if step == 0 and self.shared_first_step:  # every row of w_local is the shared w
+        if step == 0 and self.shared_first_step:  # every slot's weights are the shared w
             weights = {n: v[0] for n, v in self.weights(w_local[:1]).items()}
             grads, losses = self.step_shared(weights, self.stage.tensor(x), self.stage.tensor(y))
         else:

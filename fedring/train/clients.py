@@ -151,7 +151,8 @@ class Clients:
             step_losses = self.source.gradients(step, w_local, batches, g)
             if step == 0:
                 first_loss = step_losses
-            # every slot's row at once, row by row the same arithmetic (a padded slot's is dropped)
+            # every slot's row at once, row by row the same arithmetic (a padded slot's is dropped);
+            # w_local may be one row for all
             self.optimizer.gradient(g, w_local)
             if steps > 1:
                 w_local -= lr * g

@@ -5,8 +5,9 @@ The local steps (:mod:`fedring.train.clients`) are written once over a :class:`G
 slots; a source of gradients provides the group's buffers and, at each step, the gradients of
 every slot at its local weights. Both sources keep the same contract:
 
-- ``start(w, group, steps, block)``: the ``(B, d)`` local weights (each row ``w`` at first) and the
-  ``(B, d)`` gradient buffer, of the staging path's kind: ``block`` itself, the slots' rows of the
+- ``start(w, group, steps, block)``: the ``(B, d)`` local weights (each row ``w`` at first), or
+  ``w[None]``, one row for every slot, where a one-step group's slots all take ``w`` as it is; and
+  the ``(B, d)`` gradient buffer, of the staging path's kind: ``block`` itself, the slots' rows of the
   clients' uploads, when there is one (the gradients of one local step are then the uploads'
   directions already, with no copy);
 - ``gradients(step, w_local, batches, g)``: the slots' gradients at ``w_local`` into ``g``, and

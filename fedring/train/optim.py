@@ -71,8 +71,9 @@ def f32(x: float) -> float:
 def clip(g: Vector, c: float) -> Vector:
     """``g * min(1, c / ||g||)`` in place, the norm summed in float64 (numpy's sum for an array,
     torch's, in another order, for a tensor) and the factor ``c / ||g||`` rounded to float32; a zero
-    vector stays zero. A tensor's factor is chosen on its device (1, an exact product, inside the
-    ball), so that no read of the norm waits for the device.
+    vector stays zero. Rows ``(n, d)``: each row on its own. A tensor's factors are chosen on its
+    device (1, an exact product, inside the ball and for a NaN norm), every row's at once, so that
+    no read of a norm waits for the device.
 
     >>> clip(np.array([3, 4], np.float32), 1.0).tolist()
     [0.6000000238418579, 0.800000011920929]
@@ -83,14 +84,20 @@ def clip(g: Vector, c: float) -> Vector:
     [0.6000000238418579, 0.800000011920929]
     """
     if isinstance(g, np.ndarray):
-        norm = float(np.linalg.norm(g.astype(np.float64)))
-        if norm > c:
-            g *= f32(c / norm)
+        for row in g if g.ndim == 2 else [g]:
+            length = float(np.linalg.norm(row.astype(np.float64)))
+            if length > c:
+                row *= f32(c / length)
         return g
     import torch
 
-    norm = torch.linalg.vector_norm(g, dtype=torch.float64)
-    g *= torch.where(norm > c, c / norm, 1.0).to(torch.float32)
+    if g.ndim == 1 or len(g) == 1:
+        norm = torch.linalg.vector_norm(g, dim=-1, keepdim=True, dtype=torch.float64)
+    else:  # a reduction per row: one over the rows' last axis in float64 is several times slower on a CPU
+        norm = torch.stack([torch.linalg.vector_norm(row, dtype=torch.float64) for row in g])[:, None]
+    # a division of two tensors, correctly rounded as the host's (a scalar's multiplies by a reciprocal)
+    factor = torch.full_like(norm, c).div_(norm).clamp_(max=1.0).nan_to_num_(nan=1.0)
+    g *= factor.to(torch.float32)
     return g
 
 
@@ -149,10 +156,10 @@ class ClientOptimizer:
 
     def gradient(self, g: Vector, w: Vector) -> Vector:
         """One mini-batch gradient ``g`` at the local weights ``w``: clipped, then weight decay (in
-        place); or ``(clients, d)`` rows of them, each clipped on its own."""
+        place); or ``(clients, d)`` rows of them, each clipped on its own, at the rows ``w`` (one row
+        for all, or one each)."""
         if self.clip_norm is not None:
-            for row in g if g.ndim == 2 else [g]:
-                clip(row, self.clip_norm)
+            clip(g, self.clip_norm)
         if self.weight_decay:
             g += f32(self.weight_decay) * w
         return g

@@ -1,0 +1,100 @@
+"""How many operations a training round asks of the device: the device path's torch operations per
+round, counted on CPU tensors (as ``bench train --device-path`` runs it: the rows a tensor, the
+batched first step with shared weights, as on a GPU), per client and batched.
+
+    python benchmarks/device_ops.py [--clients 100] [--model mlp] [--batched-clients 100]
+                                    [--set KEY=VALUE ...] [--rounds 3] [--json PATH]
+
+Every operation that reaches PyTorch's dispatcher is counted (``TorchDispatchMode``), in three
+kinds: *kernels*, each a launch on a GPU, whose host cost a small model's round is bound by;
+*views*, which compute nothing but still take the host's time; and *host reads*
+(``aten._local_scalar_dense``: ``float()``, ``bool()`` or ``.item()`` of a tensor), each a wait
+for the device, after which the host can no longer run ahead of it. The counts are exact and do
+not depend on the machine's load: a change's effect on a GPU's host work, read on a CPU. One
+untimed round first; the figures are per round over ``--rounds`` rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+
+import torch
+from mpi4py import MPI
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fedring.config import Config, merge, parse_value
+from fedring.train.batched import VmapGradients
+from fedring.train.loop import train_round
+from fedring.train.task import TrainTask
+from fedring.train.trainer import Trainer
+
+HOST_READ = "aten._local_scalar_dense"
+
+
+class Counted(TorchDispatchMode):
+    """Counts each operation that reaches the dispatcher, by name and kind."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: collections.Counter = collections.Counter()
+        self.names: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        self.names[name] += 1
+        self.kinds["host reads" if name == HOST_READ else "views" if func.is_view else "kernels"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count(cfg: Config, rounds: int) -> dict:
+    """The device path's operations per round of ``cfg`` on one rank, after one untimed round."""
+    TrainTask(cfg, 1)
+    tr = Trainer(cfg, MPI.COMM_WORLD, host_path=False)
+    if isinstance(tr.clients.source, VmapGradients):  # as on a GPU
+        tr.clients.source.shared_first_step = True
+    train_round(tr, 0)
+    counted = Counted()
+    with counted:
+        for t in range(1, 1 + rounds):
+            train_round(tr, t)
+    per_round = {kind: counted.kinds[kind] / rounds for kind in ("kernels", "views", "host reads")}
+    top = {name: n / rounds for name, n in counted.names.most_common(12)}
+    return {"batched_clients": cfg.batched_clients, "per_round": per_round, "most_common": top}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--batched-clients", type=int, metavar="B", help="also count batched_clients = B")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting of the run")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args()
+    base = Config(clients=args.clients, rounds=args.rounds + 1, model=args.model, batch_size=32, quiet=True)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--set: expected KEY=VALUE, got {item!r}")
+        merge(base, {key.strip(): parse_value(value.strip())}, "--set")
+    torch.set_num_threads(1)
+    records = []
+    for batched in (None, args.batched_clients) if args.batched_clients else (None,):
+        record = count(dataclasses.replace(base, batched_clients=batched), args.rounds)
+        records.append(record)
+        loop = "per-client loop" if batched is None else f"batched {batched}"
+        figures = ", ".join(f"{n:g} {kind}" for kind, n in record["per_round"].items())
+        print(f"{loop}: {figures} per round")
+        print("  most common:", ", ".join(f"{name} {n:g}" for name, n in record["most_common"].items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"clients": args.clients, "model": args.model, "settings": args.set, "runs": records}, f, indent=1
+            )
+
+
+if __name__ == "__main__":
+    main()
