@@ -130,7 +130,8 @@ fi
 step ring 60 python benchmarks/local_ring.py --device "$device" --sizes $ring_sizes --repeats "$((repeats * 7))" \
   --json "$out/local_ring.json"
 
-# --- bench train: the CNN, 100 clients per client and batched (about 30 s); ResNet-18 (GroupNorm)
+# --- bench train: the CNN, 100 clients per client and batched, plain and with momentum, clipping
+# and weight decay (about 30 s each); ResNet-18 (GroupNorm)
 # batched 25 on the ring (about 45 s) and with three server rules (about 45 s each)
 train() {  # train NAME ARGS...: one bench train record, marked with the data it read
   local file=$1
@@ -141,6 +142,10 @@ train() {  # train NAME ARGS...: one bench train record, marked with the data it
   return 0
 }
 train train-cnn --model cnn --rounds "$rounds" --batched-clients "$cnn_batched"
+# the same with the field's client settings: each client step clips, decays and keeps momentum
+# (about 30 s)
+train train-cnn-protocol --model cnn --rounds "$rounds" --batched-clients "$cnn_batched" \
+  --set momentum=0.9 --set clip_norm=1 --set weight_decay=0.0005
 # where the CNN's round goes, per client and batched (cProfile, about 40 s; into the log: the
 # machine returns only so many files)
 step profile 90 python benchmarks/round_profile.py --device "$device" --clients "$clients" \

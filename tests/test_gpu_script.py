@@ -27,7 +27,9 @@ def test_gpu_script_smoke(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     names = {p.stem for p in tmp_path.glob("*.json")}
     server = {f"train-cnn_cifar-server-{rule}" for rule in ("median", "trimmed_mean", "krum")}
-    assert names == {"train-cnn", "train-cnn_cifar-ring", "aggregators", "local_ring"} | server
+    assert names == {"train-cnn", "train-cnn-protocol", "train-cnn_cifar-ring", "aggregators", "local_ring"} | server
+    protocol = json.loads((tmp_path / "train-cnn-protocol.json").read_text())
+    assert protocol["settings"] == ["momentum=0.9", "clip_norm=1", "weight_decay=0.0005"]
     ring = json.loads((tmp_path / "local_ring.json").read_text())
     assert ring["device"] == "cpu" and [(r["d"], r["rows"]) for r in ring["records"]] == [
         (100, "numpy"),
