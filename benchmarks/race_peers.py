@@ -20,7 +20,8 @@ command line, and a peer that is missing is skipped with a message.
   ``int(idx[0])``, the same value.
 - ``--blades DIR``: ``DIR/blades/aggregators/`` of github.com/lishenghui/blades at
   d3d8c7f647359deb1c44060a1140a0cf21beed0f and ``DIR/fedlib/utils/torch_utils.py`` of
-  github.com/fedlib/fedlib; ``Clippedclustering`` gets a list of torch tensors.
+  github.com/fedlib/fedlib, which imports ``ray`` (``pip install --target DIR3 "ray[rllib]"``;
+  ``--path DIR3``); ``Clippedclustering`` gets a list of torch tensors.
 
 Input: n x d float32 rows ``standard_normal`` from a seeded generator, the first n // 8 rows
 scaled by 10 (so filters have work), converted to the peer's type outside the timed region,
