@@ -113,10 +113,8 @@ class VmapGradients:
         y: torch.Tensor | np.ndarray
         if isinstance(batches, tuple):  # gathered at once on the device
             x, y = batches
-        else:
-            stack = (
-                torch.stack if isinstance(batches[0][0], torch.Tensor) else np.stack
-            )  # gathered on the device, or host
+        else:  # each slot's batch, gathered on the device or a host batch
+            stack = torch.stack if isinstance(batches[0][0], torch.Tensor) else np.stack
             x = stack([b[0] for b in batches])
             y = stack([b[1] for b in batches])
         if step == 0 and self.shared_first_step:  # every slot's weights are the shared w

@@ -190,9 +190,8 @@ class Clients:
         s, out, lr = c - solo.first, self.rows[c - self.layout.lo], f32(self.lr_at(t))
         shard = self.shards[c - self.layout.lo]
         attack = data_attack.attacker(int(self.poisoned[:c].sum()))  # its index among the attackers
-        w_local, g = self.source.start(
-            w, solo, 2, self.block(solo)
-        )  # as with several steps: local weights of their own
+        # as with several steps: local weights of their own
+        w_local, g = self.source.start(w, solo, 2, self.block(solo))
         first: list[float] = []
 
         def gradient(v: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
