@@ -116,6 +116,11 @@ def test_comm_on_tensor_rows_is_the_numpy_bits_and_ledger(tmp_path, ranks):
 CONFIGS = {
     "ring-mean": ["--clients", "8", "--set", "momentum=0.9"],
     "ring-mean-cohort": ["--clients", "8", "--set", "participation=3"],  # ranks without a member: bystanders
+    # chunks of 3: on one rank two full groups (gradients in the rows, batches gathered at once) and a
+    # padded one; on 2 and 4 ranks groups split across ranks; every client clips and keeps momentum
+    "ring-mean-batched": [
+        *("--clients", "8", "--set", "batched_clients=3", "--set", "momentum=0.9", "--set", "clip_norm=0.5"),
+    ],
     "ring-mean-alie": ["--clients", "8", "--byzantine", "2", "--attack", "alie"],
     "ring-brace": [
         "--clients",
@@ -181,9 +186,10 @@ def test_device_path_is_the_host_paths_bits(runs, name):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ring-mean-alie", "server-median-alie"])
+@pytest.mark.parametrize("name", ["ring-mean-alie", "server-median-alie", "ring-mean-batched"])
 def test_device_path_under_alie_within_the_reductions_rounding(runs, name):
-    """ALIE crafts ``mean + z * std`` of the honest rows in float64 (fedring.attacks.alie), on tensors
+    """ALIE crafts ``mean + z * std`` of the honest rows in float64 (fedring.attacks.alie), and
+    clipping takes each row's norm in float64 (``ring-mean-batched``), on tensors
     with torch's reductions: torch may sum the rows in another order than numpy (its kernels split a
     reduction for vector lanes and threads), a difference of about 1e-16 relative that the cast to
     float32 rounds away or moves by one ulp (6e-8 relative) in a few coordinates; four rounds of SGD
