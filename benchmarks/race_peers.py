@@ -349,24 +349,31 @@ def race_one(race: str, peers: dict, X: np.ndarray, ref: np.ndarray, f: int, rep
         raise ValueError(reason)
     state = agg.init_state(n, d)
     peer = build()
-    for r in range(repeats):
-        if stateful:
-            agg, peer = make(), build()
-            state = agg.init_state(n, d)
-            for w in range(warmup):
-                fed_round(agg, state, 1000 + w)
-                peer(Xp)
-        for side in (0, 1) if r % 2 == 0 else (1, 0):
-            if side == 1 and race in IN_PLACE:  # a fresh copy of the input, made outside the timed region
-                Xp = convert(X.copy())
-            gc.collect()
-            time.sleep(SETTLE)
-            t0 = time.perf_counter()
-            if side == 0:
-                out[0] = fed_round(agg, state, r).vector
-            else:
-                out[1] = peer(Xp)
-            (ours if side == 0 else theirs).append(time.perf_counter() - t0)
+    # what exists now out of every later collection, as in `bench aggregators`: the collection before
+    # each timed call walks only the calls' own garbage, not every object torch made
+    gc.collect()
+    gc.freeze()
+    try:
+        for r in range(repeats):
+            if stateful:
+                agg, peer = make(), build()
+                state = agg.init_state(n, d)
+                for w in range(warmup):
+                    fed_round(agg, state, 1000 + w)
+                    peer(Xp)
+            for side in (0, 1) if r % 2 == 0 else (1, 0):
+                if side == 1 and race in IN_PLACE:  # a fresh copy of the input, made outside the timed region
+                    Xp = convert(X.copy())
+                gc.collect()
+                time.sleep(SETTLE)
+                t0 = time.perf_counter()
+                if side == 0:
+                    out[0] = fed_round(agg, state, r).vector
+                else:
+                    out[1] = peer(Xp)
+                (ours if side == 0 else theirs).append(time.perf_counter() - t0)
+    finally:
+        gc.unfreeze()
     record = {"entry": key, "dim": d}
     if race == "deepsight":  # the same model and inputs: the same clusters, so the peer's update is -lr times ours
         record["peer_relative_difference"] = float(

@@ -393,75 +393,87 @@ def main(argv: list[str]) -> int:
         ref = rng.standard_normal(args.dim, dtype=np.float32)
         f = declared_f(n)
         on_dev = None if dev is None else (dev.put(X), dev.put(ref))
-        yardstick = None
-        for name in names:
-            rule, params, pre, paper_row = ENTRIES[name]
-            agg = make_aggregator(rule, f, params, pre)
-            reason = agg.check(n)
-            if reason is not None:
-                print(f"skip {name} at n={n}: {reason}", flush=True)
-                continue
-            rows, rows_ref, rows_dev = X, ref, on_dev
-            if agg.needs_probe:  # it reads the round's model, of probe_dim(d) parameters
-                d = probe_dim(args.dim)
-                if d == 0:
-                    print(
-                        f"skip {name} at n={n}: its probe model needs --dim >= {PROBE_UNIT + PROBE_CLASSES}", flush=True
-                    )
+        # what exists now (torch's objects, ByzFL's, the inputs) out of every later collection: the
+        # collection before each timed call then walks only the calls' own garbage, instead of every
+        # object torch made, which evicts the caches before each call
+        gc.collect()
+        gc.freeze()
+        try:
+            yardstick = None
+            for name in names:
+                rule, params, pre, paper_row = ENTRIES[name]
+                agg = make_aggregator(rule, f, params, pre)
+                reason = agg.check(n)
+                if reason is not None:
+                    print(f"skip {name} at n={n}: {reason}", flush=True)
                     continue
-                if d < args.dim:
-                    print(
-                        f"{name}: the rows' first {d} of {args.dim} columns, its probe model's parameters", flush=True
-                    )
-                    rows, rows_ref = np.ascontiguousarray(X[:, :d]), ref[:d].copy()
-                    rows_dev = None if dev is None else (dev.put(rows), dev.put(rows_ref))
-                agg = agg.with_probe(probe_for(d, args.seed)[1])
-            state = prepared_state(agg, n, rows.shape[1], rng)
-            if dev is None or rows_dev is None:
-                m = measure(agg, rows, rows_ref, state, args.repeats, args.seed)
-            else:
-                try:
-                    m = dev.measure(agg, *rows_dev, state, args.repeats, args.seed)
-                except dev.out_of_memory as e:
-                    print(f"skip {name} at n={n}: out of memory on {dev.device}: {str(e).splitlines()[0]}", flush=True)
-                    dev.release()
-                    continue
-            paper = PAPER[paper_row].get(n) if paper_row else None
-            need = None if paper is None else (10.0 if paper > 10 else 2.0)
-            speedup = None if paper is None else paper / m["seconds"]
-            rec = {
-                "rule": name,
-                "paper_row": paper_row,
-                "clients": n,
-                "dim": rows.shape[1],
-                "f": f,
-                "seconds": m["seconds"],
-                "times": m["times"],
-                "cpu_seconds": m.get("cpu_seconds"),
-                "paper_seconds": paper,
-                "speedup": speedup,
-                "target_speedup": need,
-                "peak_extra_bytes": m["peak_bytes"],
-                "peak_extra_copies": None if m["peak_bytes"] is None else m["peak_bytes"] / rows.nbytes,
-                "state_copies": sum(v.nbytes for v in state.values()) / rows.nbytes,
-            }
-            if dev is None:
-                rec["meets_target"] = (need is None or speedup is None or speedup >= need) and rec[
-                    "peak_extra_copies"
-                ] <= 3.0
-            else:
-                rec.update(on_device_record(dev, agg, m, rows.nbytes))
-                if args.device == "cpu":  # the numpy figure beside the tensor's
-                    rec["numpy_seconds"] = measure(agg, rows, rows_ref, state, args.repeats, args.seed)["seconds"]
-                if byzfl is not None and rows_dev is not None and name in BYZFL:
-                    rec.update(byzfl_record(byzfl, dev, name, f, n, rows_dev[0], rows, m["seconds"], args.repeats))
-            if name == "mean":
-                yardstick = m["seconds"]
-            rec["x_mean"] = m["seconds"] / yardstick if yardstick else None
-            records.append(rec)
-            print(row(rec) if dev is None else device_row(rec), flush=True)
-            if args.json and dev is not None:  # a long device run keeps what it measured if it is stopped
-                write_json(args.json, records, args.seed, dev, byzfl)
+                rows, rows_ref, rows_dev = X, ref, on_dev
+                if agg.needs_probe:  # it reads the round's model, of probe_dim(d) parameters
+                    d = probe_dim(args.dim)
+                    if d == 0:
+                        print(
+                            f"skip {name} at n={n}: its probe model needs --dim >= {PROBE_UNIT + PROBE_CLASSES}",
+                            flush=True,
+                        )
+                        continue
+                    if d < args.dim:
+                        print(
+                            f"{name}: the rows' first {d} of {args.dim} columns, its probe model's parameters",
+                            flush=True,
+                        )
+                        rows, rows_ref = np.ascontiguousarray(X[:, :d]), ref[:d].copy()
+                        rows_dev = None if dev is None else (dev.put(rows), dev.put(rows_ref))
+                    agg = agg.with_probe(probe_for(d, args.seed)[1])
+                state = prepared_state(agg, n, rows.shape[1], rng)
+                if dev is None or rows_dev is None:
+                    m = measure(agg, rows, rows_ref, state, args.repeats, args.seed)
+                else:
+                    try:
+                        m = dev.measure(agg, *rows_dev, state, args.repeats, args.seed)
+                    except dev.out_of_memory as e:
+                        print(
+                            f"skip {name} at n={n}: out of memory on {dev.device}: {str(e).splitlines()[0]}", flush=True
+                        )
+                        dev.release()
+                        continue
+                paper = PAPER[paper_row].get(n) if paper_row else None
+                need = None if paper is None else (10.0 if paper > 10 else 2.0)
+                speedup = None if paper is None else paper / m["seconds"]
+                rec = {
+                    "rule": name,
+                    "paper_row": paper_row,
+                    "clients": n,
+                    "dim": rows.shape[1],
+                    "f": f,
+                    "seconds": m["seconds"],
+                    "times": m["times"],
+                    "cpu_seconds": m.get("cpu_seconds"),
+                    "paper_seconds": paper,
+                    "speedup": speedup,
+                    "target_speedup": need,
+                    "peak_extra_bytes": m["peak_bytes"],
+                    "peak_extra_copies": None if m["peak_bytes"] is None else m["peak_bytes"] / rows.nbytes,
+                    "state_copies": sum(v.nbytes for v in state.values()) / rows.nbytes,
+                }
+                if dev is None:
+                    rec["meets_target"] = (need is None or speedup is None or speedup >= need) and rec[
+                        "peak_extra_copies"
+                    ] <= 3.0
+                else:
+                    rec.update(on_device_record(dev, agg, m, rows.nbytes))
+                    if args.device == "cpu":  # the numpy figure beside the tensor's
+                        rec["numpy_seconds"] = measure(agg, rows, rows_ref, state, args.repeats, args.seed)["seconds"]
+                    if byzfl is not None and rows_dev is not None and name in BYZFL:
+                        rec.update(byzfl_record(byzfl, dev, name, f, n, rows_dev[0], rows, m["seconds"], args.repeats))
+                if name == "mean":
+                    yardstick = m["seconds"]
+                rec["x_mean"] = m["seconds"] / yardstick if yardstick else None
+                records.append(rec)
+                print(row(rec) if dev is None else device_row(rec), flush=True)
+                if args.json and dev is not None:  # a long device run keeps what it measured if it is stopped
+                    write_json(args.json, records, args.seed, dev, byzfl)
+        finally:
+            gc.unfreeze()  # the objects back under collection
         del X, on_dev, rows, rows_ref, rows_dev
         gc.collect()
 
