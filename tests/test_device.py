@@ -256,6 +256,26 @@ def test_a_gpu_round_keeps_batches_statistics_and_rule_state_on_the_gpu():
     assert np.isfinite(tr.replica.w).all()
 
 
+@needs_gpu
+def test_a_gpu_batched_round_with_the_fields_settings_is_the_cpu_device_paths_within_rounding():
+    """On a GPU, batched clients (two full groups of 2: batches gathered at once, gradients in the
+    rows), momentum, clipping chosen on the device and weight decay, 2 local steps, 3 rounds: the
+    uploads and weights within 1e-4 of their largest entry of the CPU's device path (other kernels
+    sum in another order; a wrong batch, slot, factor or row would differ by O(1))."""
+    settings = dict(batched_clients=2, momentum=0.9, clip_norm=0.5, weight_decay=0.01, local_steps=2)
+    gpu, cpu = trainer(device="cuda", **settings), trainer(host_path=False, **settings)
+    cpu.clients.source.shared_first_step = True  # as the GPU's (the MLP's bits either way)
+    taking = np.ones(4, bool)
+    groups = gpu.clients.source.groups(gpu.layout.local_clients, taking)
+    x, _ = gpu.clients.device_batches(0, taking, groups).stacked(groups[0], 0)
+    assert x.device.type == "cuda" and x.shape[0] == 2
+    for t in range(3):
+        train_round(gpu, t), train_round(cpu, t)
+        rows, ref = gpu.clients.rows.cpu().numpy(), cpu.clients.rows.numpy()
+        assert np.abs(rows - ref).max() <= 1e-4 * np.abs(ref).max(), t
+    assert np.abs(gpu.replica.w - cpu.replica.w).max() <= 1e-4 * np.abs(cpu.replica.w).max()
+
+
 def test_device_rule_state_checkpoint_and_resume(tmp_path):
     """cclip's center lives on the rows' device from its first round; a checkpoint stores a host
     copy, and a resumed run moves it back and continues bit for bit the uninterrupted 4 rounds."""
