@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import fedring
 from mpi4py import MPI
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedring import arrays
 from fedring.config import Config
@@ -225,6 +226,31 @@ def test_a_full_groups_batches_are_gathered_at_once():
         assert torch.equal(x, torch.stack([ready.batch(c, step)[0] for c in (0, 1)]))
         assert torch.equal(y, torch.stack([ready.batch(c, step)[1] for c in (0, 1)]))
         assert ready.stacked(groups[1], step) is None
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the reads of a tensor's value on the host (``float()``, ``bool()``, ``.item()``): on a
+    GPU each waits for the device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("batched", [None, 2], ids=["per-client", "batched"])
+def test_a_device_round_reads_no_value_on_the_host(batched):
+    """With momentum, clipping (a factor per step and client) and weight decay, a round of the device
+    path reads no tensor's value on the host: clipping chooses its factor on the device. (It read
+    each norm before: one wait for the device per client and step.)"""
+    tr = trainer(host_path=False, momentum=0.9, clip_norm=0.5, weight_decay=0.01, batched_clients=batched)
+    train_round(tr, 0)
+    with HostReads() as reads:
+        train_round(tr, 1)
+    assert reads.count == 0
 
 
 def test_staging_copies_a_read_only_array():
