@@ -25,11 +25,11 @@ import torch
 from mpi4py import MPI
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fedring.config import Config, merge, parse_value
-from fedring.train.batched import VmapGradients
+from fedring.bench.train import fedring_trainer
+from fedring.config import Config, merge, parse_setting
+from fedring.errors import ConfigError
 from fedring.train.loop import train_round
 from fedring.train.task import TrainTask
-from fedring.train.trainer import Trainer
 
 HOST_READ = "aten._local_scalar_dense"
 
@@ -52,9 +52,7 @@ class Counted(TorchDispatchMode):
 def count(cfg: Config, rounds: int) -> dict:
     """The device path's operations per round of ``cfg`` on one rank, after one untimed round."""
     TrainTask(cfg, 1)
-    tr = Trainer(cfg, MPI.COMM_WORLD, host_path=False)
-    if isinstance(tr.clients.source, VmapGradients):  # as on a GPU
-        tr.clients.source.shared_first_step = True
+    tr = fedring_trainer(cfg, MPI.COMM_WORLD, device_path=True)
     train_round(tr, 0)
     counted = Counted()
     with counted:
@@ -75,11 +73,11 @@ def main() -> None:
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args()
     base = Config(clients=args.clients, rounds=args.rounds + 1, model=args.model, batch_size=32, quiet=True)
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            p.error(f"--set: expected KEY=VALUE, got {item!r}")
-        merge(base, {key.strip(): parse_value(value.strip())}, "--set")
+    try:
+        for item in args.set:
+            merge(base, parse_setting(item, "--set"), "--set")
+    except ConfigError as e:
+        p.error(str(e))
     torch.set_num_threads(1)
     records = []
     for batched in (None, args.batched_clients) if args.batched_clients else (None,):

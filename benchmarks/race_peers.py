@@ -100,7 +100,16 @@ from types import SimpleNamespace
 import numpy as np
 
 from fedring.aggregators import make_aggregator
-from fedring.bench.aggregators import ENTRIES, PROBE_CLASSES, PROBE_LR, PROBE_SHAPE, declared_f, probe_dim, probe_for
+from fedring.bench.aggregators import (
+    ENTRIES,
+    PROBE_CLASSES,
+    PROBE_LR,
+    PROBE_SHAPE,
+    declared_f,
+    frozen_heap,
+    probe_dim,
+    probe_for,
+)
 
 OUT = (10, 100)  # the model's last layer: weights (10, 100), bias (10,)
 
@@ -349,11 +358,7 @@ def race_one(race: str, peers: dict, X: np.ndarray, ref: np.ndarray, f: int, rep
         raise ValueError(reason)
     state = agg.init_state(n, d)
     peer = build()
-    # what exists now out of every later collection, as in `bench aggregators`: the collection before
-    # each timed call walks only the calls' own garbage, not every object torch made
-    gc.collect()
-    gc.freeze()
-    try:
+    with frozen_heap():  # the collection before each timed call walks the calls' own garbage only
         for r in range(repeats):
             if stateful:
                 agg, peer = make(), build()
@@ -372,8 +377,6 @@ def race_one(race: str, peers: dict, X: np.ndarray, ref: np.ndarray, f: int, rep
                 else:
                     out[1] = peer(Xp)
                 (ours if side == 0 else theirs).append(time.perf_counter() - t0)
-    finally:
-        gc.unfreeze()
     record = {"entry": key, "dim": d}
     if race == "deepsight":  # the same model and inputs: the same clusters, so the peer's update is -lr times ours
         record["peer_relative_difference"] = float(

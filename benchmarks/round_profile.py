@@ -21,11 +21,10 @@ import time
 import torch
 from mpi4py import MPI
 
+from fedring.bench.train import fedring_trainer
 from fedring.config import Config
-from fedring.train.batched import VmapGradients
 from fedring.train.loop import train_round
 from fedring.train.task import TrainTask
-from fedring.train.trainer import Trainer
 
 
 def main() -> None:
@@ -45,9 +44,7 @@ def main() -> None:
     for batched in (None, args.clients):
         cfg = dataclasses.replace(base, batched_clients=batched)
         TrainTask(cfg, 1)
-        tr = Trainer(cfg, MPI.COMM_WORLD, False if args.device_path else None)
-        if args.device_path and isinstance(tr.clients.source, VmapGradients):  # as on a GPU
-            tr.clients.source.shared_first_step = True
+        tr = fedring_trainer(cfg, MPI.COMM_WORLD, args.device_path)
         for t in range(3):
             train_round(tr, t)
         if tr.device.type == "cuda":

@@ -113,6 +113,19 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def parse_setting(item: str, key: str = "set") -> dict[str, Any]:
+    """A ``--set`` item ``KEY=VALUE`` as ``{KEY: value}`` (:func:`parse_value`); an item without ``=``
+    is a :class:`ConfigError` named ``key``.
+
+    >>> parse_setting("momentum=0.9")
+    {'momentum': 0.9}
+    """
+    name, sep, value = item.partition("=")
+    if not sep:
+        raise ConfigError(key, f"expected KEY=VALUE, got {item!r}")
+    return {name.strip(): parse_value(value.strip())}
+
+
 def coerce(key: str, kind: str, value: Any) -> Any:
     """``value`` as the type ``kind`` names (``"int"``, ``"float | None"``, ``"list"`` ...)."""
     if value is None and "None" in kind:

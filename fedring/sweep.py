@@ -92,7 +92,7 @@ from .config import (
     config_differences,
     load_toml,
     merge,
-    parse_value,
+    parse_setting,
     split_key,
 )
 from .errors import ConfigError
@@ -273,10 +273,7 @@ def load_sweep(grid: str | Path, overrides: Sequence[str] = (), sweep_overrides:
     settings.update({k: v for k, v in (sweep_overrides or {}).items() if v is not None})
     extra: dict[str, Any] = {}
     for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError("set", f"expected KEY=VALUE, got {item!r}")
-        extra[key.strip()] = parse_value(value.strip())
+        extra.update(parse_setting(item))
     configs: list[Config] = []
     hashes: list[str] = []
     for base in expand(table):

@@ -35,6 +35,7 @@ aggregator modules alone, without the package's training framework).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import importlib.metadata
@@ -47,7 +48,7 @@ import sys
 import time
 import tracemalloc
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -263,6 +264,20 @@ def prepared_state(agg, n: int, d: int, rng: np.random.Generator) -> dict:
     return state
 
 
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Inside the block, the objects that exist at its start (torch's, a peer's, the inputs) are out of
+    every garbage collection (``gc.freeze``): the collection before each timed call then walks the
+    calls' own garbage only, instead of every object torch made, which evicts the caches before
+    each call."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def measure(agg, X: np.ndarray, ref: np.ndarray, state: dict, repeats: int, seed: int) -> dict:
     """Median wall time of ``repeats`` calls, then peak extra memory of one more call.
 
@@ -393,12 +408,7 @@ def main(argv: list[str]) -> int:
         ref = rng.standard_normal(args.dim, dtype=np.float32)
         f = declared_f(n)
         on_dev = None if dev is None else (dev.put(X), dev.put(ref))
-        # what exists now (torch's objects, ByzFL's, the inputs) out of every later collection: the
-        # collection before each timed call then walks only the calls' own garbage, instead of every
-        # object torch made, which evicts the caches before each call
-        gc.collect()
-        gc.freeze()
-        try:
+        with frozen_heap():
             yardstick = None
             for name in names:
                 rule, params, pre, paper_row = ENTRIES[name]
@@ -472,8 +482,6 @@ def main(argv: list[str]) -> int:
                 print(row(rec) if dev is None else device_row(rec), flush=True)
                 if args.json and dev is not None:  # a long device run keeps what it measured if it is stopped
                     write_json(args.json, records, args.seed, dev, byzfl)
-        finally:
-            gc.unfreeze()  # the objects back under collection
         del X, on_dev, rows, rows_ref, rows_dev
         gc.collect()
 

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from mpi4py import MPI
 from torch.func import functional_call, grad, vmap
 
-from fedring.config import Config, merge, parse_value
+from fedring.config import Config, merge, parse_setting
 from fedring.datasets import DATASETS
 from fedring.rng import Stream, generator
 from fedring.runtime import world
@@ -52,6 +52,16 @@ from fedring.train.trainer import Trainer
 from fedring.validate import integer
 
 from .comm import _time
+
+
+def fedring_trainer(cfg: Config, comm: MPI.Comm, device_path: bool = False) -> Trainer:
+    """fedring's trainer of ``cfg``; with ``device_path``, its device path on the CPU as a GPU runs it:
+    the rows a tensor, and a batched first step with one set of weights (the CPU keeps per-slot
+    weights only for its host path's bits)."""
+    tr = Trainer(cfg, comm, False if device_path else None)
+    if device_path and isinstance(tr.clients.source, VmapGradients):
+        tr.clients.source.shared_first_step = True
+    return tr
 
 
 class BareLoop:
@@ -201,21 +211,16 @@ def main(argv: list[str]) -> int:
         quiet=True,
     )
     for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            p.error(f"--set: expected KEY=VALUE, got {item!r}")
-        merge(cfg, {key.strip(): parse_value(value.strip())}, "--set")
+        merge(cfg, parse_setting(item, "--set"), "--set")
     TrainTask(cfg, comm.size)  # validates and fills the defaults, as a run does
     load_before = os.getloadavg()
-    host_path = False if args.device_path else None
-    tr = Trainer(cfg, comm, host_path)
+    tr = fedring_trainer(cfg, comm, args.device_path)
     bare = BareLoop(tr, cfg.rounds)
     loops: dict[str, Callable[[int], object]] = {"fedring": lambda t: train_round(tr, t), "bare-loop": bare.round}
     if args.batched_clients is not None:
-        batched = Trainer(dataclasses.replace(cfg, batched_clients=args.batched_clients), comm, host_path)
-        if args.device_path:  # as a GPU's: the CPU keeps per-slot weights only for its host path's bits
-            assert isinstance(batched.clients.source, VmapGradients)
-            batched.clients.source.shared_first_step = True
+        batched = fedring_trainer(
+            dataclasses.replace(cfg, batched_clients=args.batched_clients), comm, args.device_path
+        )
         loops["fedring-batched"] = lambda t: train_round(batched, t)
         bare_batched = BareBatchedLoop(tr, cfg.rounds, args.batched_clients)
         loops["bare-batched"] = bare_batched.round

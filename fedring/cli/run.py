@@ -16,7 +16,17 @@ from typing import TYPE_CHECKING
 from mpi4py import MPI
 
 from fedring import validate
-from fedring.config import GENERAL, RUN_CONTROL, TRACKING, Config, config_differences, load_toml, merge, parse_value
+from fedring.config import (
+    GENERAL,
+    RUN_CONTROL,
+    TRACKING,
+    Config,
+    config_differences,
+    load_toml,
+    merge,
+    parse_setting,
+    parse_value,
+)
 from fedring.errors import ConfigError
 from fedring.names import CHECKPOINT, METRICS
 from fedring.runtime import Watchdog, agree_on_config_error, world
@@ -245,11 +255,7 @@ def build_task(
     """
     args = (parser or run_parser()).parse_args(argv)
     layers = [(load_toml(args.config), args.config)] if args.config else []
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError("set", f"expected KEY=VALUE, got {item!r}")
-        layers.append(({key.strip(): parse_value(value.strip())}, "--set"))
+    layers += [(parse_setting(item), "--set") for item in args.set]
     named = {k: v for k, v in vars(args).items() if k not in ("config", "set") and v is not None}
     if section is not None:
         layers.append(({"task": section}, "command line"))

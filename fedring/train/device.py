@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -151,7 +150,7 @@ class Staging:
         self.host.copy_(vec)
         out[:] = self.host.numpy()
 
-    def load(self, params: Sequence[torch.Tensor], vec: Vector) -> None:
+    def load(self, params: list[torch.Tensor], vec: Vector) -> None:
         """``params`` (a model's parameters, in order, as :meth:`grad_into` takes them) from ``vec``
         (float32, length d): a host array, or a vector of this path's kind."""
         if isinstance(vec, np.ndarray):
@@ -163,9 +162,9 @@ class Staging:
             vec = self.flat
         with torch.no_grad():  # copies, all in one call: the parameters must not alias the vector
             parts = torch.split(vec, [p.numel() for p in params])
-            torch._foreach_copy_(list(params), [part.view_as(p) for part, p in zip(parts, params)])
+            torch._foreach_copy_(params, [part.view_as(p) for part, p in zip(parts, params)])
 
-    def grad_into(self, params: Sequence[torch.Tensor], out: Vector) -> None:
+    def grad_into(self, params: list[torch.Tensor], out: Vector) -> None:
         """The gradients of ``params`` (a model's parameters, in order: a list kept, not walked from the
         model's modules at each call) into ``out`` (float32, length d): a host array, or a vector of
         this path's kind."""

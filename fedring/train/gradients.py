@@ -58,7 +58,7 @@ class ModelGradients:
 
     def __init__(self, model: nn.Module, stage: Staging, buffers: ModelBuffers, lo: int):
         self.model, self.stage, self.buffers, self.lo = model, stage, buffers, lo
-        self.params = list(model.parameters())
+        self.params: list[torch.Tensor] = list(model.parameters())
 
     def groups(self, clients: range, taking: np.ndarray) -> list[Group]:
         """Each local client that takes part (``taking``, per local client) in a group of its own."""

@@ -16,6 +16,7 @@ agrees with the host path, and why.
 from __future__ import annotations
 
 import numpy as np
+import torch
 from torch import nn
 
 from fedring.arrays import host, like
@@ -45,7 +46,7 @@ class Replica:
         buffers: ModelBuffers,
     ):
         self.model, self.stage, self.buffers = model, stage, buffers
-        self.params = list(model.parameters())
+        self.params: list[torch.Tensor] = list(model.parameters())
         self.optimizer, self.step_sizes = optimizer, step_sizes
         self.w_staged: Vector = stage.vector(w)  # w itself on the host path
         self.optimizer_on_host = stage.on_host or not getattr(optimizer, "on_device", False)
