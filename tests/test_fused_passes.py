@@ -19,10 +19,11 @@ import sys
 import numpy as np
 import pytest
 
-from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS, base, make_aggregator, preaggregators
+from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS, base, make_aggregator, monna, preaggregators
 from fedring.aggregators import _kernels as K
 from fedring.aggregators._clustering import centred_column_gram
 from fedring.aggregators.base import Aggregator, GramRule, PreAggregator, nonfinite_from_norms
+from fedring.aggregators.monna import MoNNA
 from fedring.aggregators.preaggregators import NNM
 
 
@@ -177,14 +178,14 @@ def reference(X):
 
 def test_the_gram_rules_are_those_whose_first_pass_is_the_gram():
     assert GRAM_RULES == [
-        "bulyan", "caf", "cclip", "copod", "geomed", "huber", "krum", "mca", "mda", "monna", "multikrum",
+        "bulyan", "caf", "cclip", "copod", "geomed", "huber", "krum", "mca", "mda", "multikrum",
         "simpleclustering", "smea",
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", [*GRAM_RULES, "geomed-zero", "monna-0", "nnm+mean"])
+@pytest.mark.parametrize("name", [*GRAM_RULES, "geomed-zero", "monna", "monna-0", "nnm+mean"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("case", ["finite", "nan-and-inf", "overflow", "pivot-nan"])
+@pytest.mark.parametrize("case", ["finite", "nan-and-inf", "overflow", "pivot-nan", "row-0-nan"])
 def test_gram_rules_read_finiteness_off_their_gram_with_the_plain_paths_bits(name, dtype, case, monkeypatch):
     # the plain path: nonfinite_rows' own pass, then the rule (its Gram pass) on the finite rows
     X = rows(12, 5003, dtype=dtype)
@@ -195,6 +196,8 @@ def test_gram_rules_read_finiteness_off_their_gram_with_the_plain_paths_bits(nam
         X[5, 7] = 3e30 if dtype == np.float32 else 1e200
     elif case == "pivot-nan":  # the pivot itself is bad: every distance is NaN
         X[K.pivot_row(X), 4000] = np.nan
+    elif case == "row-0-nan":  # monna-0's trusted row: its own distance is 0, every other one NaN
+        X[0, 10] = np.nan
     f = 2 if name == "bulyan" else 3
 
     def run():
@@ -206,6 +209,7 @@ def test_gram_rules_read_finiteness_off_their_gram_with_the_plain_paths_bits(nam
     with np.errstate(all="ignore"):  # COPOD's logs of zero on the overflowing float64 row
         res = run()
         monkeypatch.setattr(GramRule, "_aggregate_checked", Aggregator._aggregate_checked)
+        monkeypatch.setattr(MoNNA, "_aggregate_checked", Aggregator._aggregate_checked)
         monkeypatch.setattr(NNM, "then_checked", PreAggregator.then_checked)
         want = run()
     if not isinstance(want, tuple):
@@ -221,26 +225,38 @@ def test_gram_rules_read_finiteness_off_their_gram_with_the_plain_paths_bits(nam
         np.testing.assert_array_equal(res.selected, want.selected)
 
 
-@pytest.mark.parametrize("name", [*GRAM_RULES, "geomed-zero", "monna-0", "nnm+mean"])
+def counted(fn, key: str, calls: dict):
+    def wrapper(*args, **kw):
+        calls[key] += 1
+        return fn(*args, **kw)
+
+    return wrapper
+
+
+@pytest.mark.parametrize("name", [*GRAM_RULES, "geomed-zero", "nnm+mean"])
 def test_gram_rules_make_one_gram_pass_and_no_other_check_on_finite_rows(name, monkeypatch):
     calls = {"gram": 0, "nonfinite_rows": 0}
     real_gram, real_nonfinite = K.gram, K.nonfinite_rows
-
-    def counted(fn, key):
-        def wrapper(*args, **kw):
-            calls[key] += 1
-            return fn(*args, **kw)
-
-        return wrapper
-
     for module in {sys.modules[AGGREGATORS[n].__module__] for n in GRAM_RULES} | {base, preaggregators}:
         if hasattr(module, "gram"):
-            monkeypatch.setattr(module, "gram", counted(real_gram, "gram"))
+            monkeypatch.setattr(module, "gram", counted(real_gram, "gram", calls))
         if hasattr(module, "nonfinite_rows"):
-            monkeypatch.setattr(module, "nonfinite_rows", counted(real_nonfinite, "nonfinite_rows"))
+            monkeypatch.setattr(module, "nonfinite_rows", counted(real_nonfinite, "nonfinite_rows", calls))
     X = rows(12, 5003)
     gram_rule(name, 2 if name == "bulyan" else 3).aggregate(X, reference=reference(X), rng=np.random.default_rng(3))
     assert calls == {"gram": 1, "nonfinite_rows": 0}
+
+
+@pytest.mark.parametrize("idx", [None, 0, 7])
+def test_monna_makes_one_distance_pass_and_no_other_check_on_finite_rows(idx, monkeypatch):
+    calls = {"gram": 0, "nonfinite_rows": 0, "sqdist_to": 0}
+    for module in (monna, base, K):
+        for key in calls:
+            if hasattr(module, key):
+                monkeypatch.setattr(module, key, counted(getattr(module, key), key, calls))
+    X = rows(12, 5003)
+    make_aggregator("monna", 3, {} if idx is None else {"idx": idx}).aggregate(X, reference=reference(X))
+    assert calls == {"gram": 0, "nonfinite_rows": 0, "sqdist_to": 1}
 
 
 def test_gram_takes_rows_that_overflow_float32_again_in_float64():

@@ -341,9 +341,9 @@ def test_row_stats_of_rows_beyond_float32_squares(blocks):
 
 
 def test_sqdist_to_from_differences(blocks):
-    """The tensor path's distances to a vector or a row, from the differences, agree with the Gram
-    pass's on the host to float32 rounding of the block norms; a row that overflows float32's
-    products gets finite figures on both (the host's Gram pass is then made in float64)."""
+    """The tensor path's distances to a vector or a row agree with the host's, both from the
+    differences, to float32 rounding of the block norms; a row that overflows float32's squares
+    gets finite figures on both (taken again in float64)."""
     X = rows(9, d=3000, seed=11)
     v = np.random.default_rng(11).normal(size=3000)
     T = torch.from_numpy(X)

@@ -293,9 +293,12 @@ def _gram_pass(X: np.ndarray, extra: np.ndarray | None, p: int, wide: bool) -> G
 def sqdist_to(X, v=None, idx: int | None = None) -> np.ndarray:
     """(n,) float64 squared distances from the rows of X to the vector ``v`` (d,), or to row ``idx``.
 
-    On the host, those of the Gram pass (:func:`gram`), its bits: ``gram(X, v[None]).sqdist()[n, :n]``
-    or ``gram(X).sqdist()[idx]``. On a tensor's device, from the differences themselves, one
-    blocked pass with no n x n products (docs/arrays.md, "Rules on the device").
+    From the differences themselves, one blocked pass with no n x n products (the Gram pass would
+    spend n times the arithmetic for one row of its distances): on the host, each block's
+    differences in X's dtype (``v`` rounded to it), their squares summed as :func:`sq_norms` sums
+    them, to X's precision; a row whose squares overflow or underflow, or that holds NaN or an
+    infinity, is taken again in float64. On a tensor's device, :func:`._kernels_torch.sqdist_to`
+    (docs/arrays.md, "Rules on the device").
 
     >>> sqdist_to(np.array([[0.0, 0.0], [3.0, 4.0]]), idx=1).tolist()
     [25.0, 0.0]
@@ -304,10 +307,28 @@ def sqdist_to(X, v=None, idx: int | None = None) -> np.ndarray:
         raise ValueError("sqdist_to takes a vector v or a row idx, not both or neither")
     if is_torch_array(X):
         return _torch().sqdist_to(X, v, idx)
-    n = X.shape[0]
-    if idx is None:
-        return gram(X, np.asarray(v)[None, :]).sqdist()[n, :n]
-    return gram(X).sqdist()[idx]
+    n, d = X.shape
+    target = X[idx] if v is None else np.asarray(v).astype(X.dtype)
+    width = min(d, max(SEGMENT, block_width(n, X.itemsize) // SEGMENT * SEGMENT))
+
+    def task(sls):
+        sq = np.zeros(n)
+        flat = np.empty(n * width, X.dtype)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            for sl in sls:
+                B = flat[: n * (sl.stop - sl.start)].reshape(n, -1)
+                np.subtract(X[:, sl], target[sl], out=B)
+                sq += _segment_squares(B)
+        return sq
+
+    d2 = sum(map_blocks(task, d, width))
+    with np.errstate(over="ignore", invalid="ignore"):  # a row holding NaN or an infinity stays non-finite
+        for i in _inexact_squares(d2, X).tolist():
+            diff = X[i].astype(np.float64) - target.astype(np.float64)
+            d2[i] = float(np.dot(diff, diff))
+    if idx is not None:
+        d2[idx] = 0.0
+    return d2
 
 
 def combine(w: np.ndarray, X: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
@@ -467,29 +488,44 @@ def sq_norms(X) -> np.ndarray:
         sq = np.zeros(n)
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
             for sl in sls:
-                B = X[:, sl]
-                m = B.shape[1] // SEGMENT * SEGMENT
-                if m:
-                    S = B[:, :m].reshape(n, -1, SEGMENT)
-                    sq += np.vecdot(S, S).sum(axis=1, dtype=np.float64)
-                if m < B.shape[1]:
-                    sq += np.vecdot(B[:, m:], B[:, m:])
+                sq += _segment_squares(X[:, sl])
         return sq
 
     sq = sum(map_blocks(task, d, width))
-    info = np.finfo(X.dtype)
-    # a float32 square below the smallest normal loses up to `tiny` each: no more than eps of the sum
-    again = np.flatnonzero(~np.isfinite(sq) | (sq < d * float(info.tiny) / float(info.eps)))
+    again = _inexact_squares(sq, X)
     if again.size:
         sq[again] = row_stats(X[again])[0]
     return sq
+
+
+def _segment_squares(B: np.ndarray) -> np.ndarray:
+    """(n,) float64: each row's sum of squares, as dot products of runs of :data:`SEGMENT` values in
+    B's dtype added in float64 (:func:`sq_norms`)."""
+    n = B.shape[0]
+    m = B.shape[1] // SEGMENT * SEGMENT
+    sq = np.zeros(n)
+    if m:
+        S = B[:, :m].reshape(n, -1, SEGMENT)
+        sq += np.vecdot(S, S).sum(axis=1, dtype=np.float64)
+    if m < B.shape[1]:
+        sq += np.vecdot(B[:, m:], B[:, m:])
+    return sq
+
+
+def _inexact_squares(sq: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """The rows whose :func:`_segment_squares` over X's d columns are not to X's precision: non-finite
+    (squares that overflowed, or NaN or an infinity) or below the underflow of its squares (a
+    square below the smallest normal loses up to ``tiny``: no more than eps of a sum above ``d tiny / eps``)."""
+    info = np.finfo(X.dtype)
+    return np.flatnonzero(~np.isfinite(sq) | (sq < X.shape[1] * float(info.tiny) / float(info.eps)))
 
 
 def for_sorted_columns(X: np.ndarray, fn: Callable[[slice, np.ndarray], None], scale: np.ndarray | None = None) -> None:
     """Call ``fn(columns, T)`` where ``T[j]`` holds the sorted values of column j, in parallel.
 
     With ``scale`` (n,), the values sorted are ``|x_ij| * scale_i``. T is a (width, n) buffer
-    reused by the worker: ``fn`` must copy what it keeps (it writes into disjoint slices).
+    reused by the worker: ``fn`` must copy what it keeps (it writes into disjoint slices) and may
+    overwrite T.
     """
     if is_torch_array(X):
         return _torch().for_sorted_columns(X, fn, scale)

@@ -7,15 +7,14 @@ import copy
 
 import numpy as np
 
-from fedring.arrays import on_host
 from fedring.validate import integer
 
-from ._kernels import combine, gram, sqdist_to, zero_row
-from .base import AggregateResult, GramRule, register
+from ._kernels import all_finite, combine, sqdist_to, zero_row
+from .base import AggregateResult, Aggregator, nonfinite_from_norms, register
 
 
 @register
-class MoNNA(GramRule):
+class MoNNA(Aggregator):
     r"""MoNNA: the mean of the n - f clients nearest to a trusted vector (Farhadkhani et al.,
     ICML 2023; ByzFL ``MoNNA(f, idx)``).
 
@@ -33,7 +32,9 @@ class MoNNA(GramRule):
       missing or non-finite the round's update is zero with every weight 0, and a sampled
       cohort of fewer than i + 1 clients gets no update (``check``).
 
-    Distances come from one Gram pass (no copy of the input). Needs n > 2f (as ByzFL).
+    Distances come from one pass over the differences to the trusted vector
+    (:func:`._kernels.sqdist_to`, no copy of the input), which also finds the non-finite rows.
+    Needs n > 2f (as ByzFL).
 
     Parameters
     ----------
@@ -71,17 +72,27 @@ class MoNNA(GramRule):
             return f"monna.idx={self.idx} names no client: there are n={n}"
         return super().check(n)
 
-    def first_gram(self, X, state, reference):
-        if not on_host(X):  # the device's distances come from the differences, no Gram (sqdist_to)
-            return None
-        return gram(X) if self.idx is not None else gram(X, np.asarray(reference)[None, :])
+    def _distances(self, X, reference) -> np.ndarray:
+        return sqdist_to(X, reference) if self.idx is None else sqdist_to(X, idx=self.idx)
 
-    def _aggregate_gram(self, X, G, state, reference, rng):
+    def _aggregate_checked(self, X, state, reference, rng):
+        # the distances' pass shows the non-finite rows: a distance is finite when its row and the
+        # trusted vector are (row idx's own is 0 whatever it holds, so that row is checked apart)
+        d2 = self._distances(X, reference)
+        check = d2
+        if self.idx is not None and not all_finite(X[self.idx]):
+            check = d2.copy()
+            check[self.idx] = np.nan
+        excluded = nonfinite_from_norms(X, check)
+        if excluded.any():
+            return excluded
+        return self._nearest_mean(X, d2)
+
+    def _aggregate(self, X, state, reference, rng):
+        return self._nearest_mean(X, self._distances(X, reference))
+
+    def _nearest_mean(self, X, d2: np.ndarray) -> AggregateResult:
         n = X.shape[0]
-        if G is None:
-            d2 = sqdist_to(X, reference) if self.idx is None else sqdist_to(X, idx=self.idx)
-        else:  # sqdist_to's host figures, from the Gram pass already made
-            d2 = G.sqdist()[n, :n] if self.idx is None else G.sqdist()[self.idx]
         near = np.argsort(d2, kind="stable")[: n - self.f]
         selected = np.zeros(n)
         selected[near] = 1.0

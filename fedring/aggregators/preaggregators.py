@@ -11,7 +11,7 @@ from fedring.arrays import on_host
 from fedring.validate import integer, real
 
 from ._blocks import Gram
-from ._kernels import combine, gram, nonfinite_rows, scaled_mean, small, sq_norms
+from ._kernels import ROW_RUN_BYTES, combine, gram, map_blocks, nonfinite_rows, scaled_mean, small, sq_norms
 from .base import AggregateResult, PreAggregator, nonfinite_from_norms, register_pre
 from .coordinatewise import Mean
 
@@ -131,6 +131,9 @@ class Bucketing(PreAggregator):
 
     def transform(self, X, rng):
         W, owner = self.buckets(X.shape[0], rng)
+        if self.s <= 2 and on_host(X):
+            # any order of two terms gives one sum: the rows' own sums have the product's bits
+            return _bucket_means(X, W), owner
         Y = small(W, X) @ X
         Y /= small(W.sum(axis=1, keepdims=True), X)
         return Y, owner
@@ -147,6 +150,35 @@ class Bucketing(PreAggregator):
             return excluded
         W, owner = self.buckets(X.shape[0], rng)
         return AggregateResult(combine((1.0 / (W.shape[0] * W.sum(axis=1)))[owner], X))
+
+
+def _bucket_means(X: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """The bucket means ``(W @ X) / W.sum(axis=1)`` for 0/1 memberships W of buckets of at most two
+    rows, their bits, in one parallel pass over column blocks without the product's multiplications
+    by 0: each bucket's members added in index order from +0 (as BLAS starts, which turns -0 into
+    +0), then divided by their count. (Three or more members: BLAS adds them in an order of its
+    own, so those buckets take the product.)
+
+    >>> _bucket_means(np.array([[1.0, -0.0], [3.0, -0.0], [5.0, 7.0]], np.float32), np.array([[1.0, 1, 0], [0, 0, 1]])).tolist()
+    [[2.0, 0.0], [5.0, 7.0]]
+    """
+    members = [np.flatnonzero(w) for w in W]
+    counts = W.sum(axis=1).astype(X.dtype)
+    Y = np.empty((len(members), X.shape[1]), X.dtype)
+
+    def task(sls):
+        # a worker thread does not inherit the caller's np.errstate; overflow gives inf, as the product
+        with np.errstate(over="ignore", invalid="ignore"):
+            for sl in sls:
+                for b, rows in enumerate(members):
+                    acc = Y[b, sl]
+                    np.add(X[rows[0], sl], X.dtype.type(0), out=acc)
+                    for r in rows[1:]:
+                        np.add(acc, X[r, sl], out=acc)
+                    np.true_divide(acc, counts[b], out=acc)
+
+    map_blocks(task, X.shape[1], ROW_RUN_BYTES // X.itemsize)
+    return Y
 
 
 @register_pre
