@@ -322,10 +322,13 @@ def sqdist_to(X, v=None, idx: int | None = None) -> np.ndarray:
         return sq
 
     d2 = sum(map_blocks(task, d, width))
-    with np.errstate(over="ignore", invalid="ignore"):  # a row holding NaN or an infinity stays non-finite
-        for i in _inexact_squares(d2, X).tolist():
-            diff = X[i].astype(np.float64) - target.astype(np.float64)
-            d2[i] = float(np.dot(diff, diff))
+    again = _inexact_squares(d2, X)
+    if again.size:
+        wide = target.astype(np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):  # a row holding NaN or an infinity stays non-finite
+            for i in again.tolist():
+                diff = X[i].astype(np.float64) - wide
+                d2[i] = float(np.dot(diff, diff))
     if idx is not None:
         d2[idx] = 0.0
     return d2
