@@ -23,8 +23,10 @@ from fedring.aggregators import AGGREGATORS, PRE_AGGREGATORS, base, make_aggrega
 from fedring.aggregators import _kernels as K
 from fedring.aggregators._clustering import centred_column_gram
 from fedring.aggregators.base import Aggregator, GramRule, PreAggregator, nonfinite_from_norms
+from fedring.aggregators.coordinatewise import Median, TrimmedMean
+from fedring.aggregators.meamed import Meamed
 from fedring.aggregators.monna import MoNNA
-from fedring.aggregators.preaggregators import NNM
+from fedring.aggregators.preaggregators import NNM, Bucketing
 
 
 def rows(n: int, d: int, dtype=np.float32, seed: int = 0) -> np.ndarray:
@@ -339,7 +341,8 @@ def test_passes_give_the_same_bits_on_any_number_of_threads():
     # a job's cores, its binding or $FEDRING_THREADS must not change a results file: the runs of a
     # pass, so the order of its float64 sums, are fixed (K.RUNS); 1 thread used to sum 4 runs, 2 threads 8
     rules = (
-        "krum,geomed,cclip,caf,huber,mca,foolsgold,lasa,flame,signguard,clippedclustering,fldetector,arc+mean,nnm+mean"
+        "krum,geomed,cclip,caf,huber,mca,foolsgold,lasa,flame,signguard,clippedclustering,fldetector,arc+mean,nnm+mean,"
+        "median,trimmed_mean,meamed,bucketing+mean"
     )
     digests = []
     for threads in (1, 2, 3):
@@ -351,3 +354,47 @@ def test_passes_give_the_same_bits_on_any_number_of_threads():
     assert len(digests[0]) == 7 + len(rules.split(","))
     assert digests[1] == digests[0]
     assert digests[2] == digests[0]
+
+
+SORTED_RULES = ["median", "trimmed_mean", "meamed", "bucketing+mean"]
+
+
+@pytest.mark.parametrize("name", SORTED_RULES)
+@pytest.mark.parametrize("n", [20, 30])  # the sorting network's path and the transposed sort's
+@pytest.mark.parametrize("case", ["finite", "nan-and-inf", "overflow"])
+def test_sorting_passes_read_finiteness_off_their_blocks_with_the_plain_paths_bits(name, n, case, monkeypatch):
+    # the plain path: nonfinite_rows' own pass, then the rule on the finite rows; bucketing then the
+    # mean checks its one pass's output and takes the plain path where it is not finite
+    X = rows(n, 70_001, dtype=np.float32)
+    if case == "nan-and-inf":
+        X[3, 100] = np.nan
+        X[11, 60_000] = -np.inf
+    elif case == "overflow":  # finite rows whose sums overflow float32
+        X[5, 7] = X[6, 7] = X[7, 7] = 0.75 * np.finfo(np.float32).max
+    rule = make_aggregator("mean", 4, {}, ("bucketing",)) if name == "bucketing+mean" else make_aggregator(name, 4)
+
+    def run():
+        return rule.aggregate(X, rng=np.random.default_rng(3))
+
+    with np.errstate(all="ignore"):
+        res = run()
+        for cls in (Median, TrimmedMean, Meamed):
+            monkeypatch.setattr(cls, "_aggregate_checked", Aggregator._aggregate_checked)
+        monkeypatch.setattr(Bucketing, "then_checked", PreAggregator.then_checked)
+        want = run()
+    bad = K.nonfinite_rows(X)
+    assert (res.excluded is None) == (want.excluded is None) == (not bad.any())
+    if bad.any():
+        assert res.excluded.tolist() == want.excluded.tolist() == bad.tolist()
+    assert res.vector.tobytes() == want.vector.tobytes()
+
+
+@pytest.mark.parametrize("name", SORTED_RULES)
+def test_sorting_passes_make_no_other_check_on_finite_rows(name, monkeypatch):
+    calls = {"nonfinite_rows": 0}
+    for module in (K, base, preaggregators):
+        monkeypatch.setattr(module, "nonfinite_rows", counted(K.nonfinite_rows, "nonfinite_rows", calls))
+    X = rows(20, 5003)
+    rule = make_aggregator("mean", 4, {}, ("bucketing",)) if name == "bucketing+mean" else make_aggregator(name, 4)
+    rule.aggregate(X, rng=np.random.default_rng(3))
+    assert calls == {"nonfinite_rows": 0}

@@ -10,9 +10,11 @@ Rows are centred on a *pivot* row (a medoid of a column sample) before the produ
 squared distance ``C_ii + C_jj - 2 C_ij`` between two nearby honest rows does not cancel
 against huge Byzantine norms, and integer inputs give integer-exact distances.
 
-Coordinate-wise rules work on column blocks transposed to (width, n) and sorted along
-their rows, which uses numpy's SIMD sort on short contiguous rows instead of strided
-selection along axis 0.
+Coordinate-wise rules read sorted columns. Up to :data:`NETWORK_MAX` clients, a sorting network
+sorts a column block as elementwise minima and maxima of whole rows: no transposition, and a few
+hundred long vector operations per block. Beyond, column blocks are transposed to (width, n) and
+sorted along their rows, which uses numpy's SIMD sort on short contiguous rows instead of strided
+selection along axis 0. Sums of sorted values keep numpy's pairwise order (:func:`pairwise_sum`).
 
 Every pass splits the columns over worker threads (numpy and BLAS release the GIL) and
 needs O(n x block) extra memory per worker, never a copy of the input. The passes multiply with
@@ -31,11 +33,12 @@ coordinate-wise blocks stay tensors on the device.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -46,6 +49,7 @@ from ._blocks import BLOCK_BYTES, Gram, block_width, blocks, lerp_quantile
 
 T = TypeVar("T")
 SORT_BYTES = 1 << 20  # transposed block of the coordinate-wise sorts (fits in L2)
+COMBINE_BYTES = 8 << 20  # a column block of combine's products
 ROW_RUN_BYTES = 1 << 20  # a column block's running row sum (stays in L2 while the rows stream past)
 REDUCE_BYTES = 1 << 18  # a column block of the plain mean, summed by numpy's reduction
 # Column runs of a pass: a fixed number, not one per thread, so that a reduction over the runs
@@ -53,6 +57,8 @@ REDUCE_BYTES = 1 << 18  # a column block of the plain mean, summed by numpy's re
 # binding of a job; a pass keeps at most this many threads busy.
 RUNS = 8
 SEGMENT = 256  # float32 values a dot product of sq_norms sums before float64 takes over
+NETWORK_MAX = 24  # columns of at most this many values are sorted by a comparator network (for_sorted_rows)
+NETWORK_BYTES = 4 << 20  # a block of the network's rows: its 2n row passes per comparator stay in L3
 
 
 def _torch():
@@ -335,7 +341,11 @@ def sqdist_to(X, v=None, idx: int | None = None) -> np.ndarray:
 
 
 def combine(w: np.ndarray, X: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
-    """``w @ [X; extra]`` in X's dtype (w: (m,) or (k, m)), one parallel BLAS pass."""
+    """``w @ [X; extra]`` in X's dtype (w: (m,) or (k, m)), one parallel BLAS pass.
+
+    Each block's product is BLAS's on that block, in a worker whose BLAS runs one thread: the
+    bits depend on d and :data:`COMBINE_BYTES` only. (A whole ``w @ X`` is split by OpenBLAS's own
+    threads, and its float64 bits change with their number.)"""
     if is_torch_array(X):
         return _torch().combine(w, X, extra)
     n, d = X.shape
@@ -350,7 +360,7 @@ def combine(w: np.ndarray, X: np.ndarray, extra: np.ndarray | None = None) -> np
             if we is not None:
                 out[..., sl] += np.dot(we, extra[:, sl].astype(X.dtype, copy=False))
 
-    map_blocks(task, d, block_width(n, X.itemsize, 4 * BLOCK_BYTES))
+    map_blocks(task, d, block_width(n, X.itemsize, COMBINE_BYTES))
     return out
 
 
@@ -545,6 +555,177 @@ def for_sorted_columns(X: np.ndarray, fn: Callable[[slice, np.ndarray], None], s
             fn(sl, T)
 
     map_blocks(task, d, width)
+
+
+@functools.cache
+def sorting_network(n: int, keep: tuple[int, ...] | None = None) -> tuple[tuple[int, int], ...]:
+    """The comparators ``(a, b)``, ``a < b``, of Batcher's odd-even merge sort of n values, in order;
+    with ``keep``, only those that the sorted positions ``keep`` depend on.
+
+    A comparator puts the smaller of wires a and b on a. The network is that of the next power of
+    two with the comparators reaching beyond wire n - 1 dropped: padded with +inf, those wires
+    never move. The pruning walks back from the wires ``keep``: a comparator stays when one of its
+    wires is read later (Knuth, TAOCP 5.3.4).
+
+    >>> sorting_network(4)
+    ((0, 1), (2, 3), (0, 2), (1, 3), (1, 2))
+    >>> sorting_network(4, keep=(0,))
+    ((0, 1), (2, 3), (0, 2))
+    """
+    p2 = 1 << max(0, n - 1).bit_length()
+    net = []
+    p = 1
+    while p < p2:
+        k = p
+        while k >= 1:
+            for j in range(k % p, p2 - k, 2 * k):
+                for i in range(min(k, p2 - j - k)):
+                    a, b = i + j, i + j + k
+                    if a // (2 * p) == b // (2 * p) and b < n:
+                        net.append((a, b))
+            k //= 2
+        p *= 2
+    if keep is None:
+        return tuple(net)
+    needed, kept = set(keep), []
+    for a, b in reversed(net):
+        if a in needed or b in needed:
+            kept.append((a, b))
+            needed |= {a, b}
+    return tuple(kept[::-1])
+
+
+def for_sorted_rows(
+    X, fn: Callable[[slice, Any], None], rows: Sequence[int] | None = None, check: bool = False
+) -> np.ndarray | None:
+    """Call ``fn(columns, S)`` where ``S[k]`` holds the k-th smallest value of each column, in parallel.
+
+    S is a sequence of n rows of the block, correct at the sorted positions ``rows`` (default:
+    all), reused by the worker: ``fn`` must copy what it keeps and must not write into S. On the
+    host, columns of at most :data:`NETWORK_MAX` values go through :func:`sorting_network` (pruned
+    to ``rows``) as elementwise minima and maxima of whole rows: no transposition, and a block of
+    :data:`NETWORK_BYTES` makes each call long enough that two threads do not wait on each other
+    for the GIL. Longer columns, and a tensor's device, sort transposed blocks
+    (:func:`for_sorted_columns`; S is then the block's transpose). The values are the sort's;
+    which of -0 and +0 comes first is not defined, as in ``np.sort``.
+
+    With ``check``, returns :func:`nonfinite_rows` of X, on the host's network path read off the
+    block's row sums as the block is loaded (no pass of its own); where a row is not finite, what
+    ``fn`` wrote is to be discarded (it may not have been called on every block).
+    """
+    n, d = X.shape
+    if is_torch_array(X) or n > NETWORK_MAX:
+        bad = nonfinite_rows(X) if check else None
+        if bad is None or not bad.any():
+            for_sorted_columns(X, lambda sl, T: fn(sl, T.T))
+        return bad
+    net = sorting_network(n, None if rows is None else tuple(sorted(set(rows))))
+    width = min(d, block_width(n, X.itemsize, NETWORK_BYTES))
+
+    def task(sls):
+        free = [np.empty(width, X.dtype) for _ in range(n + 2)]  # n wires held, two being written
+        suspect = np.zeros(n, bool)
+        # a worker thread does not inherit the caller's np.errstate; the caller checks the result
+        with np.errstate(over="ignore", invalid="ignore"):
+            for sl in sls:
+                if check:  # finite sums mean finite rows (a sum that overflows is checked value by value)
+                    suspect |= ~np.isfinite(np.add.reduce(X[:, sl], axis=1))
+                m = sl.stop - sl.start
+                S = [X[i, sl] for i in range(n)]  # a wire reads the input until a comparator writes it
+                held: list[np.ndarray | None] = [None] * n
+                for a, b in net:
+                    lo, hi = free.pop(), free.pop()
+                    np.minimum(S[a], S[b], out=lo[:m])
+                    np.maximum(S[a], S[b], out=hi[:m])
+                    free.extend(buf for buf in (held[a], held[b]) if buf is not None)
+                    held[a], held[b] = lo, hi
+                    S[a], S[b] = lo[:m], hi[:m]
+                fn(sl, S)
+                free.extend(buf for buf in held if buf is not None)
+        return suspect
+
+    suspect = np.logical_or.reduce(map_blocks(task, d, width))
+    if not check:
+        return None
+    bad = np.zeros(n, bool)
+    if suspect.any():
+        bad[suspect] = nonfinite_rows(X[suspect])
+    return bad
+
+
+def sum_rows(S: Sequence, start: int, stop: int, out=None):
+    """``S[start] + ... + S[stop - 1]`` as the row sums of a contiguous (w, n) block add them up: the
+    bits of ``T[:, start:stop].sum(axis=1)`` on the host, for S the rows of :func:`for_sorted_rows`
+    (a list of rows, or the transpose of such a block T); on a tensor's device, S's own reduction.
+    Written into ``out`` where given.
+
+    >>> sum_rows([np.float32([1.0, 2.0]), np.float32([3.0, 4.0]), np.float32([5.0, 6.0])], 0, 3).tolist()
+    [9.0, 12.0]
+    """
+    if is_torch_array(S):
+        total = S[start:stop].sum(0)
+        if out is None:
+            return total
+        out[...] = total
+        return out
+    if isinstance(S, np.ndarray) and S.T.flags.c_contiguous:  # the block itself: numpy's reduction
+        return S[start:stop].T.sum(axis=1, out=out)
+    return pairwise_sum([S[i] for i in range(start, stop)], out)
+
+
+_scratch = threading.local()
+
+
+def scratch_rows(k: int, like: np.ndarray, use: str) -> list[np.ndarray]:
+    """k arrays of like's shape and dtype for the purpose ``use``, this thread's own, reused from call
+    to call (their contents are left over). A fresh array per row of a block (more than 128 KiB, so
+    glibc maps and unmaps it each time) made :func:`pairwise_sum` several times slower."""
+    m, key = like.size, f"{use}-{like.dtype.str}"
+    pool = getattr(_scratch, key, [])
+    if len(pool) < k or (pool and pool[0].size < m):
+        size = max(m, pool[0].size if pool else 0)
+        pool = [np.empty(size, like.dtype) for _ in range(max(k, len(pool)))]
+        setattr(_scratch, key, pool)
+    return [buf[:m].reshape(like.shape) for buf in pool[:k]]
+
+
+def pairwise_sum(vals: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+    """The elementwise sum of the equal-length rows ``vals`` with the bits of ``add.reduce`` over a
+    contiguous axis of ``len(vals)`` values, ``np.stack(vals, axis=1).sum(axis=1)``, without the
+    transposition for up to 32 float32 or float64 rows: +0 plus numpy's ``pairwise_sum`` (fewer
+    than 8 values added one after another from -0; 8 to 128, eight running sums combined as
+    ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)), then the rest one after another). Written
+    into ``out`` where given (it must not be one of ``vals``). A NaN that two operands meet may
+    take the other one's sign (the rules never add one: their rows are finite)."""
+    m = len(vals)
+    if m > 32 or vals[0].dtype not in (np.float32, np.float64):
+        return np.stack(vals, axis=1).sum(axis=1, out=out)
+    if out is None:
+        out = np.empty_like(vals[0])
+    if m < 8:
+        out[...] = -0.0
+        for v in vals:
+            out += v
+    else:
+        r = [out, *scratch_rows(7, out, "pairwise_sum")]
+        if m >= 16:  # the running sums r_j of v_j, v_(j+8), v_(j+16) ...
+            for j in range(8):
+                np.add(vals[j], vals[j + 8], out=r[j])
+            for i in range(16, m - m % 8, 8):
+                for j in range(8):
+                    r[j] += vals[i + j]
+            for j in (0, 2, 4, 6):
+                r[j] += r[j + 1]
+        else:
+            for j in (0, 2, 4, 6):
+                np.add(vals[j], vals[j + 1], out=r[j])
+        r[0] += r[2]
+        r[4] += r[6]
+        r[0] += r[4]
+        for v in vals[m - m % 8 :]:
+            out += v
+    out += 0  # the reduction starts from the identity, +0 (the sign of a zero sum)
+    return out
 
 
 def abs_row_quantiles(X: np.ndarray, q: float) -> np.ndarray:

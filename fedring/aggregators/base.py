@@ -62,6 +62,13 @@ def as_matrix(X: Any) -> Any:
     return X
 
 
+def sorted_result(out: Any, bad: np.ndarray | None) -> AggregateResult | np.ndarray:
+    """A coordinate-wise rule's answer from ``_kernels.for_sorted_rows``: the (n,) bool of the rows
+    holding NaN or an infinity where its check found any (``_aggregate_checked``'s contract), else
+    the aggregate ``out``."""
+    return bad if bad is not None and bad.any() else AggregateResult(out)
+
+
 def nonfinite_from_norms(X: Any, sq: np.ndarray) -> np.ndarray:
     """``nonfinite_rows(X)`` from the rows' float64 squared norms ``sq``, a pass a rule makes anyway.
 

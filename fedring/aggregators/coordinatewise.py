@@ -9,8 +9,8 @@ import numpy as np  # noqa: F401 (the doctests)
 from fedring.errors import ConfigError
 from fedring.validate import choice, integer, real
 
-from ._kernels import empty_row, for_sorted_columns
-from .base import AggregateResult, Aggregator, checked_mean, register
+from ._kernels import empty_row, for_sorted_rows, sum_rows
+from .base import AggregateResult, Aggregator, checked_mean, register, sorted_result
 
 
 @register
@@ -61,17 +61,22 @@ class Median(Aggregator):
         super().__init__(f)
         self.variant = choice("median.variant", variant, ("average", "lower"))
 
+    def _aggregate_checked(self, X, state, reference, rng):
+        return self._median(X, check=True)  # the check for non-finite rows rides on the sorting pass
+
     def _aggregate(self, X, state, reference, rng):
+        return self._median(X, check=False)
+
+    def _median(self, X, check: bool):
         n = X.shape[0]
         out = empty_row(X)
         lo, hi = (n - 1) // 2, n // 2
         lower = self.variant == "lower" or lo == hi
 
-        def fn(sl, T):
-            out[sl] = T[:, lo] if lower else 0.5 * (T[:, lo] + T[:, hi])
+        def fn(sl, S):
+            out[sl] = S[lo] if lower else 0.5 * (S[lo] + S[hi])
 
-        for_sorted_columns(X, fn)
-        return AggregateResult(out)
+        return sorted_result(out, for_sorted_rows(X, fn, rows=(lo, hi), check=check))
 
 
 @register
@@ -118,15 +123,24 @@ class TrimmedMean(Aggregator):
             return f"trimming {b} values per side leaves nothing of n={n} clients; needs n >= 2*{b} + 1"
         return super().check(n)
 
+    def _aggregate_checked(self, X, state, reference, rng):
+        if self.per_side(X.shape[0]) == 0:
+            return super()._aggregate_checked(X, state, reference, rng)
+        return self._trimmed(X, check=True)  # the check for non-finite rows rides on the sorting pass
+
     def _aggregate(self, X, state, reference, rng):
+        if self.per_side(X.shape[0]) == 0:
+            return AggregateResult(X.mean(axis=0))
+        return self._trimmed(X, check=False)
+
+    def _trimmed(self, X, check: bool):
         n = X.shape[0]
         b = self.per_side(n)
-        if b == 0:
-            return AggregateResult(X.mean(axis=0))
         out = empty_row(X)
 
-        def fn(sl, T):
-            out[sl] = T[:, b : n - b].sum(axis=1) / (n - 2 * b)
+        def fn(sl, S):
+            o = out[sl]
+            sum_rows(S, b, n - b, out=o)
+            o /= n - 2 * b
 
-        for_sorted_columns(X, fn)
-        return AggregateResult(out)
+        return sorted_result(out, for_sorted_rows(X, fn, rows=range(b, n - b), check=check))

@@ -6,8 +6,8 @@ import numpy as np
 
 from fedring.arrays import array_namespace, device, on_host
 
-from ._kernels import empty_row, for_sorted_columns
-from .base import AggregateResult, Aggregator, register
+from ._kernels import empty_row, for_sorted_rows, pairwise_sum, scratch_rows
+from .base import AggregateResult, Aggregator, register, sorted_result
 
 
 @register
@@ -52,46 +52,72 @@ class Meamed(Aggregator):
             return f"meamed needs n > 2f, got n={n}, f={self.f}"
         return super().check(n)
 
+    def _aggregate_checked(self, X, state, reference, rng):
+        if self.f == 0:
+            return super()._aggregate_checked(X, state, reference, rng)
+        return self._meamed(X, check=True)  # the check for non-finite rows rides on the sorting pass
+
     def _aggregate(self, X, state, reference, rng):
+        if self.f == 0:
+            return AggregateResult(X.mean(axis=0))
+        return self._meamed(X, check=False)
+
+    def _meamed(self, X, check: bool):
         n = X.shape[0]
         f = self.f
-        if f == 0:
-            return AggregateResult(X.mean(axis=0))
         k = n - f
         lo, hi = (n - 1) // 2, n // 2
         xp = array_namespace(X)
         positions = xp.arange(n, device=device(X))
         out = empty_row(X)
 
-        def fn(sl, T):
-            med = T[:, lo] if lo == hi else (T[:, lo] + T[:, hi]) / 2
-            if on_host(T):
-                out[sl] = _host_run_sums(T, med, f) / k
+        def fn(sl, S):
+            if on_host(X):
+                _host_run_sums(S, f, out=out[sl])
+                out[sl] /= k
                 return
+            T = S.T
+            med = T[:, lo] if lo == hi else (T[:, lo] + T[:, hi]) / 2
             # step s -> s + 1 (s < f) when the entering value T[s + k] beats the leaving T[s]
             start = xp.count_nonzero(T[:, k:] - med[:, None] < med[:, None] - T[:, :f], axis=1)
             run = (positions >= start[:, None]) & (positions < start[:, None] + k)
             out[sl] = xp.where(run, T, 0).sum(axis=1) / k
 
-        for_sorted_columns(X, fn)
-        return AggregateResult(out)
+        return sorted_result(out, for_sorted_rows(X, fn, check=check))
 
 
-def _host_run_sums(T: np.ndarray, med: np.ndarray, f: int) -> np.ndarray:
-    """The device's ``where(run, T, 0).sum(axis=1)``, its bits, on a host block T (w, n) of sorted
-    rows, which it overwrites: the start s counted one column at a time (only the f columns on
-    either side can leave the run), the values outside the run set to +0 through the row of a
-    table of the f + 1 possible runs, then the same reduction of the same contiguous (w, n)
-    values. numpy's broadcast compares over rows of f values cost several times more."""
-    n = T.shape[1]
+def _host_run_sums(S, f: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The device's ``where(run, T, 0).sum(axis=1)``, its bits, on the host's n sorted rows S
+    (:func:`._kernels.for_sorted_rows`): the median, the start s counted row by row (only the f rows
+    on either side can leave the run), the values outside the run +0, the sum in numpy's order
+    (:func:`._kernels.pairwise_sum`), into ``out`` where given. Its rows are this thread's scratch
+    (:func:`._kernels.scratch_rows`): no fresh array per row of a block."""
+    n = len(S)
     k = n - f
-    start = np.zeros(len(T), np.intp)
-    closer = np.empty(len(T), bool)
+    lo, hi = (n - 1) // 2, n // 2
+    med, lower, upper, *masked = scratch_rows(3 + 2 * f, S[0], "meamed")
+    if lo == hi:
+        np.copyto(med, S[lo])
+    else:
+        np.add(S[lo], S[hi], out=med)
+        med /= 2
+    word = np.dtype(f"i{med.itemsize}")
+    start = np.zeros(len(med), np.uint8 if f < 256 else word)  # counted in bytes where they suffice
+    closer = np.empty(len(med), bool)
     for e in range(f):
-        np.less(T[:, k + e] - med, med - T[:, e], out=closer)
-        start += closer
-    positions = np.arange(n)
-    starts = np.arange(f + 1)[:, None]
-    outside = (positions < starts) | (positions >= starts + k)
-    np.copyto(T, 0, where=np.take(outside, start, axis=0))
-    return T.sum(axis=1)
+        np.subtract(S[k + e], med, out=upper)
+        np.subtract(med, S[e], out=lower)
+        np.less(upper, lower, out=closer)
+        np.add(start, closer.view(np.uint8), out=start)
+    # +0 outside the run through a mask of whole words (a masked copy branches on every value):
+    # row i < f is in the run when start <= i, row i >= k when start > i - k; the sign of
+    # i - start (resp. i - k - start), spread over a word by an arithmetic shift, is that mask
+    start_w = start.astype(word)
+    keep = np.empty(len(med), word)
+    for buf, i in zip(masked, [*range(f), *range(k, n)]):
+        np.subtract(i if i < f else i - k, start_w, out=keep)
+        np.right_shift(keep, 8 * word.itemsize - 1, out=keep)  # -1 where negative, else 0
+        if i < f:
+            np.invert(keep, out=keep)
+        np.bitwise_and(S[i].view(word), keep, out=buf.view(word))
+    return pairwise_sum([*masked[:f], *(S[i] for i in range(f, k)), *masked[f:]], out)

@@ -10,8 +10,18 @@ import numpy as np
 from fedring.arrays import on_host
 from fedring.validate import integer, real
 
-from ._blocks import Gram
-from ._kernels import ROW_RUN_BYTES, combine, gram, map_blocks, nonfinite_rows, scaled_mean, small, sq_norms
+from ._blocks import Gram, block_width
+from ._kernels import (
+    COMBINE_BYTES,
+    ROW_RUN_BYTES,
+    combine,
+    gram,
+    map_blocks,
+    nonfinite_rows,
+    scaled_mean,
+    small,
+    sq_norms,
+)
 from .base import AggregateResult, PreAggregator, nonfinite_from_norms, register_pre
 from .coordinatewise import Mean
 
@@ -74,25 +84,67 @@ class NNM(PreAggregator):
     def transform(self, X, rng):
         return self.mixed(X, gram(X)), np.arange(X.shape[0])
 
-    def mixed(self, X, G: Gram):
-        """The mixed rows, from the Gram matrix ``G`` of X."""
-        n = X.shape[0]
+    def mixing(self, G: Gram) -> np.ndarray:
+        """The (n, n) 0/1 matrix of each row's n - f nearest rows, from the Gram matrix ``G``."""
+        n = G.m
         near = np.argsort(G.sqdist(), axis=1, kind="stable")[:, : n - self.f]
         W = np.zeros((n, n))
         np.put_along_axis(W, near, 1.0, axis=1)
-        Y = small(W, X) @ X
-        Y /= n - self.f
+        return W
+
+    def mixed(self, X, G: Gram):
+        """The mixed rows, from the Gram matrix ``G`` of X (the blocked product, :func:`._kernels.combine`)."""
+        Y = combine(self.mixing(G), X)
+        Y /= X.shape[0] - self.f
         return Y
 
     def then_checked(self, rule, X, state, reference, rng):
         """The rule on the mixed rows, with the non-finite check read off the Gram pass that the
-        mixing makes anyway (:class:`.base.GramRule`), instead of a separate pass."""
+        mixing makes anyway (:class:`.base.GramRule`), instead of a separate pass. Then the mean,
+        on the host: the mean of the mixed rows in one pass that keeps each block's mixed rows in
+        the cache (:func:`_mean_of_mixed`, the same bits), unless it is not finite somewhere."""
         G = gram(X)
         excluded = nonfinite_from_norms(X, np.diag(G.C))
         if excluded.any():
             return excluded
+        if type(rule) is Mean and on_host(X) and X.shape[1] > 1:
+            out = _mean_of_mixed(X, self.mixing(G), X.shape[0] - self.f)
+            if out is not None:
+                return AggregateResult(out)
         res = rule.aggregate(self.mixed(X, G), state=state, reference=reference, rng=rng)
         return AggregateResult(res.vector, res.selected)  # as a Pipeline returns it: one row per client
+
+
+def _mean_of_mixed(X: np.ndarray, W: np.ndarray, k: int) -> np.ndarray | None:
+    """``mean(combine(W, X) / k)``, its bits, in one parallel pass over :func:`._kernels.combine`'s
+    column blocks: each block's mixed rows (the same BLAS call on the same block) divided by k and
+    reduced along axis 0 as :func:`._kernels.mean` reduces them, without writing the n mixed rows
+    out and reading them back (d > 1). None where the mean is not finite (an overflow), for the
+    plain path to handle.
+
+    >>> _mean_of_mixed(np.array([[1.0, 2.0], [3.0, 6.0]], np.float32), np.array([[1.0, 1.0], [0.0, 1.0]]), 2).tolist()
+    [1.75, 3.5]
+    """
+    n, d = X.shape
+    W32 = W.astype(X.dtype)
+    out = np.empty(d, X.dtype)
+    width = min(d, block_width(n, X.itemsize, COMBINE_BYTES))
+
+    def task(sls):
+        Y = np.empty((n, width), X.dtype)
+        finite = True
+        with np.errstate(over="ignore", invalid="ignore"):
+            for sl in sls:
+                m, acc = sl.stop - sl.start, out[sl]
+                Yb = Y if m == width else np.empty((n, m), X.dtype)  # np.dot writes contiguous rows only
+                np.dot(W32, X[:, sl], out=Yb)
+                Yb /= k
+                np.add.reduce(Yb, axis=0, out=acc)
+                np.true_divide(acc, np.intp(n), out=acc, casting="unsafe")
+                finite = finite and bool(np.isfinite(acc).all())
+        return finite
+
+    return out if all(map_blocks(task, d, width)) else None
 
 
 @register_pre
@@ -134,17 +186,29 @@ class Bucketing(PreAggregator):
         if self.s <= 2 and on_host(X):
             # any order of two terms gives one sum: the rows' own sums have the product's bits
             return _bucket_means(X, W), owner
-        Y = small(W, X) @ X
+        Y = combine(W, X)
         Y /= small(W.sum(axis=1, keepdims=True), X)
         return Y, owner
 
     def then_checked(self, rule, X, state, reference, rng):
-        """On a device, the mean of the bucket means as one weighted mean of the rows (client i's
-        weight ``1 / (m |B(i)|)``, one product), after the check for non-finite rows and before
-        the draw, without the m bucket means: two passes over the rows instead of five. On the
-        host the bucket means are made (their bits: another order of the same sums)."""
-        if type(rule) is not Mean or on_host(X):
+        """Then the mean. On the host (s <= 2, d > 1), the mean of the bucket means in one pass that
+        keeps each block's bucket means in the cache (:func:`_mean_of_bucket_means`, the same
+        bits); the buckets are drawn first, and the generator is rewound when a non-finite row (or
+        an overflow) sends the call down the plain path. On a device, the mean of the bucket means
+        as one weighted mean of the rows (client i's weight ``1 / (m |B(i)|)``, one product), after
+        the check for non-finite rows and before the draw: two passes over the rows instead of five."""
+        if type(rule) is not Mean:
             return None
+        if on_host(X):
+            if self.s > 2 or X.shape[1] < 2:
+                return None
+            start = rng.bit_generator.state
+            W, _ = self.buckets(X.shape[0], rng)
+            out = _mean_of_bucket_means(X, W)
+            if out is None:
+                rng.bit_generator.state = start
+                return None
+            return AggregateResult(out)
         excluded = nonfinite_rows(X)
         if excluded.any():
             return excluded
@@ -179,6 +243,42 @@ def _bucket_means(X: np.ndarray, W: np.ndarray) -> np.ndarray:
 
     map_blocks(task, X.shape[1], ROW_RUN_BYTES // X.itemsize)
     return Y
+
+
+def _mean_of_bucket_means(X: np.ndarray, W: np.ndarray) -> np.ndarray | None:
+    """``mean(_bucket_means(X, W))``, its bits, in one parallel pass over column blocks that adds each
+    block's bucket means up while they are in the cache, instead of writing the m rows out and
+    reading them back: as numpy's reduction along axis 0, +0 plus each bucket mean in turn, then
+    divided by m as ``ndarray.mean`` divides (d > 1). None where the mean is not finite (a row
+    holding NaN or an infinity, or an overflow), for the plain path to handle.
+
+    >>> _mean_of_bucket_means(np.array([[1.0, -0.0], [3.0, -0.0], [5.0, 8.0]], np.float32), np.array([[1.0, 1, 0], [0, 0, 1]])).tolist()
+    [3.5, 4.0]
+    """
+    members = [np.flatnonzero(w) for w in W]
+    counts = W.sum(axis=1).astype(X.dtype)
+    d = X.shape[1]
+    out = np.empty(d, X.dtype)
+    width = min(d, ROW_RUN_BYTES // (4 * X.itemsize))  # the block's sum and one bucket mean stay in L2
+
+    def task(sls):
+        mean_b = np.empty(width, X.dtype)
+        finite = True
+        with np.errstate(over="ignore", invalid="ignore"):
+            for sl in sls:
+                acc, t = out[sl], mean_b[: sl.stop - sl.start]
+                acc[...] = 0
+                for b, rows in enumerate(members):
+                    np.add(X[rows[0], sl], X.dtype.type(0), out=t)
+                    for r in rows[1:]:
+                        np.add(t, X[r, sl], out=t)
+                    np.true_divide(t, counts[b], out=t)
+                    acc += t
+                np.true_divide(acc, np.intp(len(members)), out=acc, casting="unsafe")
+                finite = finite and bool(np.isfinite(acc).all())
+        return finite
+
+    return out if all(map_blocks(task, d, width)) else None
 
 
 @register_pre
