@@ -37,11 +37,11 @@ def rows(n: int, d: int, dtype=np.float32, seed: int = 0) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(
-    "shape", [(20, 70001), (64, 1), (64, 2), (64, 3), (3, 5), (1, 7), (7, 262145), (2, 65537), (64, 65537)]
+    "shape", [(20, 70001), (64, 1), (64, 2), (64, 3), (3, 5), (1, 7), (7, 262145), (2, 262145), (16, 262145)]
 )
 def test_scaled_mean_is_the_mean_of_the_scaled_copy(shape, dtype):
     # numpy reduces axis 0 row after row for d > 1 and pairwise for d = 1 (n = 64 tells them apart);
-    # 65537 columns end in a block of one column of the plain mean (in both dtypes)
+    # 262145 columns end in a block of one column (ROW_RUN_BYTES, in both dtypes)
     X = rows(*shape, dtype=dtype)
     scale = np.random.default_rng(1).uniform(0.1, 1.0, shape[0])
     scale[::3] = 1.0

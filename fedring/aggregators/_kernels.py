@@ -51,7 +51,6 @@ T = TypeVar("T")
 SORT_BYTES = 1 << 20  # transposed block of the coordinate-wise sorts (fits in L2)
 COMBINE_BYTES = 8 << 20  # a column block of combine's products
 ROW_RUN_BYTES = 1 << 20  # a column block's running row sum (stays in L2 while the rows stream past)
-REDUCE_BYTES = 1 << 18  # a column block of the plain mean, summed by numpy's reduction
 # Column runs of a pass: a fixed number, not one per thread, so that a reduction over the runs
 # (Gram matrices, row norms) is added in one order whatever $FEDRING_THREADS, the cores or the
 # binding of a job; a pass keeps at most this many threads busy.
@@ -329,6 +328,8 @@ def sqdist_to(X, v=None, idx: int | None = None) -> np.ndarray:
 
     d2 = sum(map_blocks(task, d, width))
     again = _inexact_squares(d2, X)
+    if idx is not None:  # row idx's own distance is 0 by definition, not an underflow to take again
+        again = again[again != idx]
     if again.size:
         wide = target.astype(np.float64)
         with np.errstate(over="ignore", invalid="ignore"):  # a row holding NaN or an infinity stays non-finite
@@ -385,7 +386,7 @@ def scaled_mean(X: np.ndarray, scale: np.ndarray) -> np.ndarray:
         return (X * sc[:, None]).mean(axis=0)
     out = np.empty(d, X.dtype)
     ones = bool(np.all(sc == 1)) and X.strides[1] == X.itemsize  # numpy sums such a block row after row
-    width = min(d, (REDUCE_BYTES if ones else ROW_RUN_BYTES) // X.itemsize)
+    width = min(d, ROW_RUN_BYTES // X.itemsize)
 
     def task(sls):
         tmp = np.empty(width, X.dtype)
