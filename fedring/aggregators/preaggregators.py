@@ -259,7 +259,7 @@ def _mean_of_bucket_means(X: np.ndarray, W: np.ndarray) -> np.ndarray | None:
     counts = W.sum(axis=1).astype(X.dtype)
     d = X.shape[1]
     out = np.empty(d, X.dtype)
-    width = min(d, ROW_RUN_BYTES // (4 * X.itemsize))  # the block's sum and one bucket mean stay in L2
+    width = min(d, ROW_RUN_BYTES // X.itemsize)  # as the mean: long runs of each row
 
     def task(sls):
         mean_b = np.empty(width, X.dtype)
