@@ -345,8 +345,8 @@ def combine(w: np.ndarray, X: np.ndarray, extra: np.ndarray | None = None) -> np
     """``w @ [X; extra]`` in X's dtype (w: (m,) or (k, m)), one parallel BLAS pass.
 
     Each block's product is BLAS's on that block, in a worker whose BLAS runs one thread: the
-    bits depend on d and :data:`COMBINE_BYTES` only. (A whole ``w @ X`` is split by OpenBLAS's own
-    threads, and its float64 bits change with their number.)"""
+    bits depend on d and :data:`COMBINE_BYTES` only. (A whole ``w @ X`` is split over OpenBLAS's own
+    threads, and its bits can depend on their number.)"""
     if is_torch_array(X):
         return _torch().combine(w, X, extra)
     n, d = X.shape
