@@ -57,7 +57,7 @@ ROW_RUN_BYTES = 1 << 20  # a column block's running row sum (stays in L2 while t
 RUNS = 8
 SEGMENT = 256  # float32 values a dot product of sq_norms sums before float64 takes over
 NETWORK_MAX = 20  # columns of at most this many values are sorted by a comparator network (for_sorted_rows)
-NETWORK_BYTES = 4 << 20  # a block of the network's rows: its 2n row passes per comparator stay in L3
+NETWORK_BYTES = 4 << 20  # a block of the network: its rows stay in L3, its calls long enough for two threads
 
 
 def _torch():
