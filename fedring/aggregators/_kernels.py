@@ -624,7 +624,8 @@ def for_sorted_rows(
     width = min(d, block_width(n, X.itemsize, NETWORK_BYTES))
 
     def task(sls):
-        free = [np.empty(width, X.dtype) for _ in range(n + 2)]  # n wires held, two being written
+        bufs = [np.empty(width, X.dtype) for _ in range(n + 2)]  # n wires held, two being written
+        lesser, greater = np.minimum, np.maximum
         suspect = np.zeros(n, bool)
         # a worker thread does not inherit the caller's np.errstate; the caller checks the result
         with np.errstate(over="ignore", invalid="ignore"):
@@ -632,17 +633,21 @@ def for_sorted_rows(
                 if check:  # finite sums mean finite rows (a sum that overflows is checked value by value)
                     suspect |= ~np.isfinite(np.add.reduce(X[:, sl], axis=1))
                 m = sl.stop - sl.start
+                views, free = [buf[:m] for buf in bufs], list(range(n + 2))
                 S = [X[i, sl] for i in range(n)]  # a wire reads the input until a comparator writes it
-                held: list[np.ndarray | None] = [None] * n
+                held = [-1] * n  # the buffer each wire's values are in (-1: still the input)
+                # buffers by index, no generator: this loop's Python runs under the GIL
                 for a, b in net:
-                    lo, hi = free.pop(), free.pop()
-                    np.minimum(S[a], S[b], out=lo[:m])
-                    np.maximum(S[a], S[b], out=hi[:m])
-                    free.extend(buf for buf in (held[a], held[b]) if buf is not None)
-                    held[a], held[b] = lo, hi
-                    S[a], S[b] = lo[:m], hi[:m]
+                    i, j = free.pop(), free.pop()
+                    lesser(S[a], S[b], out=views[i])
+                    greater(S[a], S[b], out=views[j])
+                    if held[a] >= 0:
+                        free.append(held[a])
+                    if held[b] >= 0:
+                        free.append(held[b])
+                    held[a], held[b] = i, j
+                    S[a], S[b] = views[i], views[j]
                 fn(sl, S)
-                free.extend(buf for buf in held if buf is not None)
         return suspect
 
     suspect = np.logical_or.reduce(map_blocks(task, d, width))
