@@ -62,13 +62,6 @@ def as_matrix(X: Any) -> Any:
     return X
 
 
-def sorted_result(out: Any, bad: np.ndarray | None) -> AggregateResult | np.ndarray:
-    """A coordinate-wise rule's answer from ``_kernels.for_sorted_rows``: the (n,) bool of the rows
-    holding NaN or an infinity where its check found any (``_aggregate_checked``'s contract), else
-    the aggregate ``out``."""
-    return bad if bad is not None and bad.any() else AggregateResult(out)
-
-
 def nonfinite_from_norms(X: Any, sq: np.ndarray) -> np.ndarray:
     """``nonfinite_rows(X)`` from the rows' float64 squared norms ``sq``, a pass a rule makes anyway.
 
@@ -315,6 +308,38 @@ class GramRule(Aggregator):
         return self._aggregate_gram(X, self.first_gram(X, state, reference), state, reference, rng)
 
     def _aggregate_gram(self, X: Any, G: Gram | None, state: dict, reference, rng) -> AggregateResult:
+        raise NotImplementedError
+
+
+class SortedRule(Aggregator):
+    """A coordinate-wise rule whose pass reads sorted columns (``_kernels.for_sorted_rows``): the
+    median, the trimmed mean, Meamed.
+
+    The check for non-finite rows rides on that pass (each block's row sums as the sort loads it),
+    and the separate pass over the rows of ``Aggregator._aggregate_checked`` is spared. Where the
+    rule sorts nothing at n (``sorts``: nothing trimmed), it is the plain mean, checked as every
+    rule is.
+    """
+
+    def sorts(self, n: int) -> bool:
+        """Whether the rule reads sorted columns at n clients (else it is the mean)."""
+        return True
+
+    def _aggregate_checked(self, X, state, reference, rng):
+        if not self.sorts(X.shape[0]):
+            return super()._aggregate_checked(X, state, reference, rng)
+        out, bad = self._sorted(X, check=True)
+        return bad if bad is not None and bad.any() else AggregateResult(out)
+
+    def _aggregate(self, X, state, reference, rng):
+        if not self.sorts(X.shape[0]):
+            return AggregateResult(X.mean(axis=0))
+        return AggregateResult(self._sorted(X, check=False)[0])
+
+    def _sorted(self, X: Any, check: bool) -> tuple[Any, np.ndarray | None]:
+        """The aggregate, from ``for_sorted_rows(..., check=check)``, and what that returns: with
+        ``check``, the (n,) bool of the rows holding NaN or an infinity (then the aggregate is void),
+        else None."""
         raise NotImplementedError
 
 

@@ -10,7 +10,7 @@ from fedring.errors import ConfigError
 from fedring.validate import choice, integer, real
 
 from ._kernels import empty_row, for_sorted_rows, sum_rows
-from .base import AggregateResult, Aggregator, checked_mean, register, sorted_result
+from .base import AggregateResult, Aggregator, SortedRule, checked_mean, register
 
 
 @register
@@ -32,7 +32,7 @@ class Mean(Aggregator):
 
 
 @register
-class Median(Aggregator):
+class Median(SortedRule):
     r"""Coordinate-wise median (Yin et al., ICML 2018; Xie et al. 2018).
 
     :math:`[\mathrm{Med}(x_1..x_n)]_j = \mathrm{median}(x_{1j}, \dots, x_{nj})`.
@@ -61,13 +61,7 @@ class Median(Aggregator):
         super().__init__(f)
         self.variant = choice("median.variant", variant, ("average", "lower"))
 
-    def _aggregate_checked(self, X, state, reference, rng):
-        return self._median(X, check=True)  # the check for non-finite rows rides on the sorting pass
-
-    def _aggregate(self, X, state, reference, rng):
-        return self._median(X, check=False)
-
-    def _median(self, X, check: bool):
+    def _sorted(self, X, check: bool):
         n = X.shape[0]
         out = empty_row(X)
         lo, hi = (n - 1) // 2, n // 2
@@ -76,11 +70,11 @@ class Median(Aggregator):
         def fn(sl, S):
             out[sl] = S[lo] if lower else 0.5 * (S[lo] + S[hi])
 
-        return sorted_result(out, for_sorted_rows(X, fn, rows=(lo, hi), check=check))
+        return out, for_sorted_rows(X, fn, rows=(lo, hi), check=check)
 
 
 @register
-class TrimmedMean(Aggregator):
+class TrimmedMean(SortedRule):
     r"""Coordinate-wise trimmed mean (Yin et al., ICML 2018).
 
     Per coordinate, sort the n values, drop the b smallest and b largest, average the
@@ -123,17 +117,10 @@ class TrimmedMean(Aggregator):
             return f"trimming {b} values per side leaves nothing of n={n} clients; needs n >= 2*{b} + 1"
         return super().check(n)
 
-    def _aggregate_checked(self, X, state, reference, rng):
-        if self.per_side(X.shape[0]) == 0:
-            return super()._aggregate_checked(X, state, reference, rng)
-        return self._trimmed(X, check=True)  # the check for non-finite rows rides on the sorting pass
+    def sorts(self, n):
+        return self.per_side(n) > 0
 
-    def _aggregate(self, X, state, reference, rng):
-        if self.per_side(X.shape[0]) == 0:
-            return AggregateResult(X.mean(axis=0))
-        return self._trimmed(X, check=False)
-
-    def _trimmed(self, X, check: bool):
+    def _sorted(self, X, check: bool):
         n = X.shape[0]
         b = self.per_side(n)
         out = empty_row(X)
@@ -143,4 +130,4 @@ class TrimmedMean(Aggregator):
             sum_rows(S, b, n - b, out=o)
             o /= n - 2 * b
 
-        return sorted_result(out, for_sorted_rows(X, fn, rows=range(b, n - b), check=check))
+        return out, for_sorted_rows(X, fn, rows=range(b, n - b), check=check)

@@ -7,11 +7,11 @@ import numpy as np
 from fedring.arrays import array_namespace, device, on_host
 
 from ._kernels import empty_row, for_sorted_rows, pairwise_sum, scratch_rows
-from .base import AggregateResult, Aggregator, register, sorted_result
+from .base import SortedRule, register
 
 
 @register
-class Meamed(Aggregator):
+class Meamed(SortedRule):
     r"""Mean around the median: per coordinate, the mean of the n - f values closest to the
     median (Xie et al. 2018; ByzFL ``Meamed(f)``).
 
@@ -52,17 +52,10 @@ class Meamed(Aggregator):
             return f"meamed needs n > 2f, got n={n}, f={self.f}"
         return super().check(n)
 
-    def _aggregate_checked(self, X, state, reference, rng):
-        if self.f == 0:
-            return super()._aggregate_checked(X, state, reference, rng)
-        return self._meamed(X, check=True)  # the check for non-finite rows rides on the sorting pass
+    def sorts(self, n):
+        return self.f > 0
 
-    def _aggregate(self, X, state, reference, rng):
-        if self.f == 0:
-            return AggregateResult(X.mean(axis=0))
-        return self._meamed(X, check=False)
-
-    def _meamed(self, X, check: bool):
+    def _sorted(self, X, check: bool):
         n = X.shape[0]
         f = self.f
         k = n - f
@@ -83,7 +76,7 @@ class Meamed(Aggregator):
             run = (positions >= start[:, None]) & (positions < start[:, None] + k)
             out[sl] = xp.where(run, T, 0).sum(axis=1) / k
 
-        return sorted_result(out, for_sorted_rows(X, fn, check=check))
+        return out, for_sorted_rows(X, fn, check=check)
 
 
 def _host_run_sums(S, f: int, out: np.ndarray | None = None) -> np.ndarray:
