@@ -5,13 +5,18 @@ batched first step with shared weights, as on a GPU), per client and batched.
     python benchmarks/device_ops.py [--clients 100] [--model mlp] [--batched-clients 100]
                                     [--set KEY=VALUE ...] [--rounds 3] [--json PATH]
 
+The bare loops of ``bench train`` (``BareLoop``, ``BareBatchedLoop``: the same clients' steps, the
+gradients summed in place) are counted alike: the floor a round's operations are read against.
+
 Every operation that reaches PyTorch's dispatcher is counted (``TorchDispatchMode``), in three
 kinds: *kernels*, each a launch on a GPU, whose host cost a small model's round is bound by;
 *views*, which compute nothing but still take the host's time; and *host reads*
 (``aten._local_scalar_dense``: ``float()``, ``bool()`` or ``.item()`` of a tensor), each a wait
 for the device, after which the host can no longer run ahead of it. The counts are exact and do
-not depend on the machine's load: a change's effect on a GPU's host work, read on a CPU. One
-untimed round first; the figures are per round over ``--rounds`` rounds.
+not depend on the machine's load: a change's effect on a GPU's host work, read on a CPU. The
+choices that depend on where the rows are take a GPU's (``fedring.comm.network.PADDED_BYTES``:
+the reduce-scatter on one rank by the padded path up to the device's bound). One untimed round
+first; the figures are per round over ``--rounds`` rounds.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import torch
 from mpi4py import MPI
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fedring.bench.train import fedring_trainer
+from fedring.bench.train import BareBatchedLoop, BareLoop, fedring_trainer
+from fedring.comm import network
 from fedring.config import Config, merge, parse_setting
 from fedring.errors import ConfigError
 from fedring.train.loop import train_round
@@ -49,18 +55,31 @@ class Counted(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count(cfg: Config, rounds: int) -> dict:
-    """The device path's operations per round of ``cfg`` on one rank, after one untimed round."""
-    TrainTask(cfg, 1)
-    tr = fedring_trainer(cfg, MPI.COMM_WORLD, device_path=True)
-    train_round(tr, 0)
+def counts(round_fn, rounds: int) -> dict:
+    """The operations per round of ``round_fn(t)``, after one untimed round."""
+    round_fn(0)
     counted = Counted()
     with counted:
         for t in range(1, 1 + rounds):
-            train_round(tr, t)
+            round_fn(t)
     per_round = {kind: counted.kinds[kind] / rounds for kind in ("kernels", "views", "host reads")}
-    top = {name: n / rounds for name, n in counted.names.most_common(12)}
-    return {"batched_clients": cfg.batched_clients, "per_round": per_round, "most_common": top}
+    return {"per_round": per_round, "most_common": {n: k / rounds for n, k in counted.names.most_common(12)}}
+
+
+def count(cfg: Config, rounds: int) -> dict:
+    """The device path's operations per round of ``cfg`` on one rank, and its bare loop's."""
+    TrainTask(cfg, 1)
+    tr = fedring_trainer(cfg, MPI.COMM_WORLD, device_path=True)
+    bare = (
+        BareLoop(tr, rounds + 1)
+        if cfg.batched_clients is None
+        else BareBatchedLoop(tr, rounds + 1, cfg.batched_clients)
+    )
+    return {
+        "batched_clients": cfg.batched_clients,
+        **counts(lambda t: train_round(tr, t), rounds),
+        "bare": counts(bare.round, rounds),
+    }
 
 
 def main() -> None:
@@ -79,14 +98,16 @@ def main() -> None:
     except ConfigError as e:
         p.error(str(e))
     torch.set_num_threads(1)
+    network.PADDED_BYTES = {"host": network.PADDED_BYTES["device"], "device": network.PADDED_BYTES["device"]}
     records = []
     for batched in (None, args.batched_clients) if args.batched_clients else (None,):
         record = count(dataclasses.replace(base, batched_clients=batched), args.rounds)
         records.append(record)
         loop = "per-client loop" if batched is None else f"batched {batched}"
-        figures = ", ".join(f"{n:g} {kind}" for kind, n in record["per_round"].items())
-        print(f"{loop}: {figures} per round")
-        print("  most common:", ", ".join(f"{name} {n:g}" for name, n in record["most_common"].items()))
+        for who, counted in (("fedring", record), ("bare loop", record["bare"])):
+            figures = ", ".join(f"{n:g} {kind}" for kind, n in counted["per_round"].items())
+            print(f"{loop}, {who}: {figures} per round")
+            print("  most common:", ", ".join(f"{name} {n:g}" for name, n in counted["most_common"].items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

@@ -31,7 +31,7 @@ if [ "$smoke" = 1 ]; then
 else
   device=cuda out=${FEDRING_GPU_OUT:-docs/measured/gpu}
   clients=100 rounds=10 batch=32 cnn_batched=100 big=resnet18_gn big_batched=25 agg_clients=100 dim=11200000 repeats=3
-  ring_sizes="100 10000 1000000"
+  ring_sizes="100 10000 139960 1000000"  # 139,960: the CNN's parameters
 fi
 mkdir -p "$out"
 scratch=$(mktemp -d)
@@ -125,10 +125,11 @@ else
   [ -f "$scratch/tests.xml" ] && python benchmarks/gpu_figures.py tests "$scratch/tests.xml" "$out/tests.json" "$name"
 fi
 
-# --- the ring of 100 clients on one rank against a bare sum, numpy and device rows: about 20 s
+# --- the ring of 100 clients on one rank against a bare sum, numpy and device rows, and the
+# reduce-scatter's padded and planned paths forced (what PADDED_BYTES chooses between): about 40 s
 # shellcheck disable=SC2086
-step ring 60 python benchmarks/local_ring.py --device "$device" --sizes $ring_sizes --repeats "$((repeats * 7))" \
-  --json "$out/local_ring.json"
+step ring 90 python benchmarks/local_ring.py --device "$device" --sizes $ring_sizes --repeats "$((repeats * 7))" \
+  --paths --json "$out/local_ring.json"
 
 # --- bench train: the CNN, 100 clients per client and batched, plain and with momentum, clipping
 # and weight decay (about 30 s each); ResNet-18 (GroupNorm)

@@ -1,14 +1,17 @@
 """The ring all-reduce of ``n`` clients that all live on one rank, against a bare sum.
 
     python benchmarks/local_ring.py [--clients 100] [--sizes 100 10000 1000000] [--device cpu|cuda]
-                                    [--repeats 21] [--json PATH]
+                                    [--repeats 21] [--paths] [--json PATH]
 
 On one rank every hop of the ring is a memory operation, so its time is the hops' arithmetic
 plus the Python that drives ``2 (n - 1)`` steps; the reference is what a bare loop does with
 the same rows: ``rows.sum(0)`` written back into every row. Both run on numpy rows and on torch
 tensors (``--device``; on ``cuda`` each run ends with a synchronize), interleaved run by run,
 after one untimed run of each. Prints the median seconds and ``ratio ring/bare sum`` per row kind
-and size (docs/figures.md, the ring on one rank).
+and size (docs/figures.md, the ring on one rank). ``--paths`` also times the ring with each of
+the reduce-scatter's two ways on one rank forced (``Network.reduce_owned``: a padded copy of the
+rows, one addition a step, or the rows' own layout, a few additions a step), interleaved with the
+others: what ``fedring.comm.network.PADDED_BYTES`` chooses between.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-from fedring.comm import Layout, Network, ring_allreduce
+from fedring.comm import Layout, Network, network, ring_allreduce
 
 
 def main() -> None:
@@ -30,6 +34,7 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[100, 10_000, 1_000_000])
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeats", type=int, default=21)
+    p.add_argument("--paths", action="store_true", help="also time reduce_owned's padded and planned paths")
     p.add_argument("--json", help="also write the records as JSON")
     args = p.parse_args()
     device = torch.device(args.device)
@@ -54,9 +59,22 @@ def main() -> None:
                 rows[...] = source
                 rows[...] = source.sum(0)
 
-            times: dict[str, list[float]] = {"ring": [], "bare": []}
+            def forced(limit: int, ring=ring) -> Callable[[], None]:
+                def run() -> None:
+                    chosen, network.PADDED_BYTES = network.PADDED_BYTES, {"host": limit, "device": limit}
+                    try:
+                        ring()
+                    finally:
+                        network.PADDED_BYTES = chosen
+
+                return run
+
+            runs = [("ring", ring), ("bare", bare)]
+            if args.paths:
+                runs += [("padded", forced(1 << 62)), ("planned", forced(-1))]
+            times: dict[str, list[float]] = {name: [] for name, _ in runs}
             for repeat in range(args.repeats + 1):
-                for name, fn in (("ring", ring), ("bare", bare)):
+                for name, fn in runs:
                     finish()
                     start = time.perf_counter()
                     fn()
@@ -73,10 +91,17 @@ def main() -> None:
                 "bare_sum_s": bare_s,
                 "ratio": ring_s / bare_s,
             }
+            if args.paths:
+                record |= {f"{k}_s": float(np.median(times[k])) for k in ("padded", "planned")}
             records.append(record)
             print(
                 f"n={n} d={d} {kind} on {record['device']}: ring {ring_s * 1e3:.3f} ms, "
-                f"bare sum {bare_s * 1e3:.3f} ms, ratio ring/bare sum: {record['ratio']:.2f}",
+                f"bare sum {bare_s * 1e3:.3f} ms, ratio ring/bare sum: {record['ratio']:.2f}"
+                + (
+                    f"; padded {record['padded_s'] * 1e3:.3f} ms, planned {record['planned_s'] * 1e3:.3f} ms"
+                    if args.paths
+                    else ""
+                ),
                 flush=True,
             )
     if args.json:

@@ -38,6 +38,7 @@ def test_gpu_script_smoke(tmp_path):
         (1000, "torch"),
     ]
     assert all(r["ring_s"] > 0 and r["ratio"] == r["ring_s"] / r["bare_sum_s"] for r in ring["records"])
+    assert all(r["padded_s"] > 0 and r["planned_s"] > 0 for r in ring["records"])
     for name in names - {"aggregators", "local_ring"}:
         record = json.loads((tmp_path / f"{name}.json").read_text())
         assert (

@@ -98,10 +98,12 @@ def test_ring_over_mpi(tmp_path, ranks, n, d):
 
 
 HOPS_SCRIPT = """
+import itertools
+
 import numpy as np
 import torch
 from mpi4py import MPI
-from fedring.comm import Layout, Network, all_gather, block_bounds, reduce_scatter
+from fedring.comm import Layout, Network, all_gather, block_bounds, network, reduce_scatter
 
 def idle(k, c):  # an ahead with no work: ring_step takes its hop-by-hop loop
     return ()
@@ -116,7 +118,8 @@ def ring(rows, n, bounds, hops_at_once):  # the owned chunks after reduce-scatte
     return owned, {p: net.ledger.phase_bytes(p) for p in ("reduce_scatter", "all_gather")}
 
 checked = 0
-for n in [1, 2, 3, 4, 5, 6, 7, 13, 100]:
+for n, padded in itertools.product([1, 2, 3, 4, 5, 6, 7, 13, 100], [0, 1 << 40]):  # reduce_owned's two paths
+    network.PADDED_BYTES = {"host": padded, "device": padded}
     if n < MPI.COMM_WORLD.size:
         continue
     lay = Layout(n)
@@ -132,7 +135,7 @@ for n in [1, 2, 3, 4, 5, 6, 7, 13, 100]:
                           for _ in range(2))
             (fast_owned, fast_bytes), (slow_owned, slow_bytes) = (ring(fast, n, bounds, True),
                                                                   ring(slow, n, bounds, False))
-            assert fast_owned == slow_owned, (n, d, X.dtype, bounds)
+            assert fast_owned == slow_owned, (n, d, X.dtype, bounds, padded)
             assert np.asarray(fast).tobytes() == np.asarray(slow).tobytes(), (n, d, X.dtype, bounds)
             for phase in fast_bytes:
                 assert np.array_equal(fast_bytes[phase], slow_bytes[phase]), (n, d, phase)

@@ -49,6 +49,12 @@ SEGMENT_BYTES = 1 << 20
 #: Whether device arrays go to MPI as they are (environment ``FEDRING_DEVICE_MPI``): ``auto`` (the
 #: default: where mpi4py reports a CUDA-aware MPI), ``on`` or ``off`` (through host buffers).
 DEVICE_MPI = ("auto", "on", "off")
+#: :meth:`Network.reduce_owned` copies rows of up to this many bytes into a padded layout where each
+#: of the ring's steps is one addition (:func:`padded_runs`): on the host (numpy or CPU tensors), up
+#: to where the copy costs more than the steps' calls it saves (docs/figures.md, the ring on one
+#: rank); on a device, where a step's launch costs about what copying a megabyte does, larger rows
+#: (a bound reasoned from launch time and memory bandwidth, not yet measured on a GPU).
+PADDED_BYTES = {"host": 4 << 20, "device": 256 << 20}
 
 
 def wait_policy(value: str | None = None) -> str:
@@ -217,6 +223,71 @@ def sum_plan(n: int, bounds: bytes, d: int) -> tuple[tuple[tuple[int, int, int, 
                     pieces.append((hi - lo, size, int(edges[lo]), ((lo + s) % n) * d + int(edges[lo])))
         plan.append(tuple(pieces))
     return tuple(plan)
+
+
+@functools.lru_cache(maxsize=64)
+def padded_runs(bounds: bytes) -> tuple[int, tuple[tuple[int, int, int, int], ...]]:
+    """The padded layout of :meth:`Network.reduce_owned` for the chunk ``bounds`` (int64 bytes):
+    every chunk padded with zeros to the longest one's ``width``. Returns the width and the runs of
+    adjacent chunks of one size, ``(first chunk, chunks, size, first element)``. Cached: a ring
+    repeats the same steps every round.
+
+    >>> padded_runs(block_bounds(7, 3).tobytes())  # chunk sizes 3, 2, 2
+    (3, ((0, 1, 3, 0), (1, 2, 2, 3)))
+    """
+    edges = np.frombuffer(bounds, np.int64)
+    sizes, n = np.diff(edges), len(edges) - 1
+    runs, c = [], 0
+    while c < n:
+        e = c + 1
+        while e < n and sizes[e] == sizes[c]:
+            e += 1
+        runs.append((c, e - c, int(sizes[c]), int(edges[c])))
+        c = e
+    return int(sizes.max(initial=0)), tuple(runs)
+
+
+def padded_sums(rows, width: int, runs: Iterable[tuple[int, int, int, int]]):
+    """The ring sums of :meth:`Network.reduce_owned` in the padded layout (:func:`padded_runs`):
+    row ``c`` of the ``(n, width)`` result holds chunk ``c`` summed over rows ``c, c + 1, ..., c - 1
+    (mod n)``, in that order, its padding zeros.
+
+    The rows are copied twice into a ``(2n - 1, n, width)`` buffer, row ``n + i`` repeating row
+    ``i``, so that the operands of step ``s`` (chunk ``c`` of row ``c + s`` for every ``c``) are one
+    strided view with no wrap: each step is one addition, where the rows' own layout takes a few
+    column runs a step (:func:`sum_plan`). The same additions of the same operands: the same bits."""
+    n, d = rows.shape
+    xp, at = array_namespace(rows), device(rows)
+    pad = xp.empty((2 * n - 1, n, width), dtype=rows.dtype, device=at)
+    for c, m, size, start in runs:
+        into = (n, m, size), c * width, (n * width, width, 1)
+        strided(pad, *into)[...] = strided(rows, (n, m, size), start, (d, size, 1))
+        if size < width:
+            strided(pad, (n, m, width - size), c * width + size, (n * width, width, 1))[...] = 0
+    pad[n:] = pad[: n - 1]
+    sums = xp.empty((n, width), dtype=rows.dtype, device=at)
+    sums[...] = strided(pad, (n, width), 0, ((n + 1) * width, 1))
+    for s in range(1, n):
+        sums += strided(pad, (n, width), s * n * width, ((n + 1) * width, 1))
+    return sums
+
+
+def planned_sums(rows, plan: tuple[tuple[tuple[int, int, int, int], ...], ...]):
+    """The ring sums of :meth:`Network.reduce_owned` in the rows' own layout, by the steps of
+    :func:`sum_plan`: a d-vector holding each chunk's sum where the chunk is, no copy of the rows."""
+    d = rows.shape[1]
+    total = array_namespace(rows).empty(d, dtype=rows.dtype, device=device(rows))
+    for s, pieces in enumerate(plan):
+        for count, size, at, start in pieces:
+            into, part = (
+                strided(total, (count, size), at, (size, 1)),
+                strided(rows, (count, size), start, (d + size, 1)),
+            )
+            if s:
+                into += part
+            else:
+                into[...] = part
+    return total
 
 
 def first_problem(comm: MPI.Comm, problem: str | None, values=()) -> tuple[tuple[int, str] | None, np.ndarray]:
@@ -727,29 +798,27 @@ class Network:
 
         The ring's ``n - 1`` steps add each chunk row after row, starting at the row of its index:
         chunk ``c`` sums rows ``c, c + 1, ..., c - 1 (mod n)`` in that order. On one rank the same
-        additions, in the same order on the same operands, run for every chunk at once, into one
-        d-vector (:func:`sum_plan`: a few column runs a step, where the ring's hops between rows are
-        twice as many strided views and a step of bookkeeping), whose chunks are then copied to
-        their owners: the same bits. The rows' other chunks are left as they were, not with the
-        ring's partial sums (the ring's contract names only the owned chunks). The ledger books
-        each client's bytes of the ``n - 1`` steps: every chunk but ``(i + 1) mod n``."""
+        additions, in the same order on the same operands, run for every chunk at once: for rows of
+        up to :data:`PADDED_BYTES`, one addition a step over a padded copy of the rows
+        (:func:`padded_sums`); for larger ones, into one d-vector, a few column runs a step
+        (:func:`planned_sums`), with no copy. The sums are then copied to their owners: the same bits
+        either way. The rows' other chunks are left as they were, not with the ring's partial sums
+        (the ring's contract names only the owned chunks). The ledger books each client's bytes of
+        the ``n - 1`` steps: every chunk but ``(i + 1) mod n``."""
         if not self._at_once("reduce_owned", "reduce_scatter"):
             return
         n, d = self.n_clients, rows.shape[1]
-        total = array_namespace(rows).empty(d, dtype=rows.dtype, device=device(rows))
-        for s, pieces in enumerate(sum_plan(n, np.asarray(bounds, np.int64).tobytes(), d)):
-            for count, size, at, start in pieces:
-                into, part = (
-                    strided(total, (count, size), at, (size, 1)),
-                    strided(rows, (count, size), start, (d + size, 1)),
-                )
-                if s:
-                    into += part
-                else:
-                    into[...] = part
+        key = np.asarray(bounds, np.int64).tobytes()
+        padded = nbytes(rows) <= PADDED_BYTES["host" if str(device(rows)) == "cpu" else "device"]
+        if padded:  # chunk c in row c of an (n, width) array
+            width, size_runs = padded_runs(key)
+            sums = padded_sums(rows, width, size_runs)
+        else:  # chunk c in place in a d-vector
+            width, sums = 0, planned_sums(rows, sum_plan(n, key, d))
         for k, c, m in runs:
             size, start = int(bounds[c + 1] - bounds[c]), int(bounds[c])
-            strided(rows, (m, size), k * d + start, (d + size, 1))[...] = strided(total, (m, size), start, (size, 1))
+            at, step = (c * width, width) if padded else (start, size)
+            strided(rows, (m, size), k * d + start, (d + size, 1))[...] = strided(sums, (m, size), at, (step, 1))
         self._book_steps(rows, bounds, phase, unsent=1)
 
     @_timed
