@@ -445,3 +445,27 @@ def test_bench_train_refuses_bad_options(fedring_cli, option, value, message):
     result = fedring_cli("bench", "train", "--dataset", "synthetic", option, value)
     assert result.returncode == 2 and result.stderr.startswith(f"fedring: error: {message}")
     assert result.stderr.count("\n") == 1
+
+
+def ring_of_one_rank(device: str) -> None:
+    """The ring all-reduce of 100 clients on one rank, on ``device``'s tensors, by each of the
+    reduce-scatter's two ways (``Network.reduce_owned``), against numpy's rows: the same bits."""
+    from fedring.comm import Layout, Network, network, ring_allreduce
+
+    chosen = network.PADDED_BYTES
+    try:
+        for d in (1, 99, 100, 1001, 139_960):
+            X = np.random.default_rng(d).standard_normal((100, d)).astype(np.float32)
+            expected = ring_allreduce(Network(Layout(100, MPI.COMM_SELF)), X.copy())
+            for bound in (1 << 40, -1):  # the padded path, the planned path
+                network.PADDED_BYTES = {"host": bound, "device": bound}
+                rows = torch.from_numpy(X.copy()).to(device)
+                ring_allreduce(Network(Layout(100, MPI.COMM_SELF)), rows)
+                assert rows.cpu().numpy().tobytes() == expected.tobytes(), (d, bound)
+    finally:
+        network.PADDED_BYTES = chosen
+
+
+@needs_gpu
+def test_the_ring_of_one_rank_on_a_gpu_gives_numpys_bits_by_either_path():
+    ring_of_one_rank("cuda")
