@@ -103,6 +103,30 @@ def test_sq_norms_take_again_the_rows_float32_cannot_square():
     assert abs(got[0] - want[0]) <= 1e-6 * want[0]
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_all_finite_reads_the_sum_and_checks_values_where_it_is_not_finite(kind, dtype):
+    """``_kernels.all_finite`` is exact: True for finite values whose sum overflows, False for any
+    NaN or infinity (the sum NaN, or an infinity of either sign), True for no values."""
+    import torch
+
+    big = float(np.finfo(dtype).max)
+    cases = {
+        (1.0, 2.0): True,
+        (big, big): True,
+        (-big, -big, 1.0): True,
+        (1.0, np.inf): False,
+        (-np.inf, 1.0): False,
+        (np.inf, -np.inf): False,
+        (np.nan,): False,
+        (big, np.nan): False,
+        (): True,
+    }
+    for values, expected in cases.items():
+        a = np.array(values, dtype)
+        assert K.all_finite(a if kind == "numpy" else torch.from_numpy(a)) is expected, (values, kind, dtype)
+
+
 def test_nonfinite_from_norms_checks_overflowing_rows_value_by_value():
     X = np.array([[1.0, 2.0], [np.nan, 0.0], [1e200, 0.0], [-np.inf, 1.0]])
     with np.errstate(over="ignore", invalid="ignore"):

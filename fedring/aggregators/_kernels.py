@@ -197,12 +197,18 @@ def sqnorm(v) -> float:
 
 
 def all_finite(v) -> bool:
-    """Whether every value of the array ``v`` (either kind) is finite.
+    """Whether every value of the array ``v`` (either kind) is finite: from its sum, one reduction
+    with no mask (a NaN or an infinity makes the sum NaN or infinite), and value by value only
+    where the sum is not finite (a non-finite value, or finite ones whose sum overflowed).
 
-    >>> all_finite(np.array([1.0, 2.0])), all_finite(np.array([1.0, np.inf]))
-    (True, False)
+    >>> all_finite(np.array([1.0, 2.0])), all_finite(np.array([1.0, np.inf])), all_finite(np.array([1e308, 1e308]))
+    (True, False, True)
     """
-    return bool(array_namespace(v).all(array_namespace(v).isfinite(v)))
+    xp = array_namespace(v)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if bool(xp.isfinite(xp.sum(v))):
+            return True
+    return bool(xp.all(xp.isfinite(v)))
 
 
 def background(task: Callable[..., T], *args) -> Future[T]:
