@@ -49,12 +49,13 @@ SEGMENT_BYTES = 1 << 20
 #: Whether device arrays go to MPI as they are (environment ``FEDRING_DEVICE_MPI``): ``auto`` (the
 #: default: where mpi4py reports a CUDA-aware MPI), ``on`` or ``off`` (through host buffers).
 DEVICE_MPI = ("auto", "on", "off")
-#: :meth:`Network.reduce_owned` copies rows of up to this many bytes into a padded layout where each
-#: of the ring's steps is one addition (:func:`padded_runs`): on the host (numpy or CPU tensors), up
-#: to where the copy costs more than the steps' calls it saves (docs/figures.md, the ring on one
-#: rank); on a device, where a step's launch costs about what copying a megabyte does, larger rows
-#: (a bound reasoned from launch time and memory bandwidth, not yet measured on a GPU).
-PADDED_BYTES = {"host": 4 << 20, "device": 256 << 20}
+#: :meth:`Network.reduce_owned` copies the rows into a padded layout where each of the ring's steps
+#: is one addition (:func:`padded_sums`) where that copy takes up to this many bytes (about twice
+#: the rows' with balanced chunks): on the host (numpy or CPU tensors), up to where the copy costs
+#: more than the steps' calls it saves (docs/figures.md, the ring on one rank); on a device, where a
+#: step's launch costs about what copying a megabyte does, more (a bound reasoned from launch time
+#: and memory bandwidth, not yet measured on a GPU).
+PADDED_BYTES = {"host": 8 << 20, "device": 512 << 20}
 
 
 def wait_policy(value: str | None = None) -> str:
@@ -799,7 +800,7 @@ class Network:
         The ring's ``n - 1`` steps add each chunk row after row, starting at the row of its index:
         chunk ``c`` sums rows ``c, c + 1, ..., c - 1 (mod n)`` in that order. On one rank the same
         additions, in the same order on the same operands, run for every chunk at once: for rows of
-        up to :data:`PADDED_BYTES`, one addition a step over a padded copy of the rows
+        whose padded copy takes up to :data:`PADDED_BYTES`, one addition a step over that copy
         (:func:`padded_sums`); for larger ones, into one d-vector, a few column runs a step
         (:func:`planned_sums`), with no copy. The sums are then copied to their owners: the same bits
         either way. The rows' other chunks are left as they were, not with the ring's partial sums
@@ -809,12 +810,13 @@ class Network:
             return
         n, d = self.n_clients, rows.shape[1]
         key = np.asarray(bounds, np.int64).tobytes()
-        padded = nbytes(rows) <= PADDED_BYTES["host" if str(device(rows)) == "cpu" else "device"]
+        width, size_runs = padded_runs(key)
+        copy_bytes = (2 * n - 1) * n * width * host_dtype(rows).itemsize
+        padded = copy_bytes <= PADDED_BYTES["host" if str(device(rows)) == "cpu" else "device"]
         if padded:  # chunk c in row c of an (n, width) array
-            width, size_runs = padded_runs(key)
             sums = padded_sums(rows, width, size_runs)
         else:  # chunk c in place in a d-vector
-            width, sums = 0, planned_sums(rows, sum_plan(n, key, d))
+            sums = planned_sums(rows, sum_plan(n, key, d))
         for k, c, m in runs:
             size, start = int(bounds[c + 1] - bounds[c]), int(bounds[c])
             at, step = (c * width, width) if padded else (start, size)
