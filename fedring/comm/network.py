@@ -49,12 +49,12 @@ SEGMENT_BYTES = 1 << 20
 #: Whether device arrays go to MPI as they are (environment ``FEDRING_DEVICE_MPI``): ``auto`` (the
 #: default: where mpi4py reports a CUDA-aware MPI), ``on`` or ``off`` (through host buffers).
 DEVICE_MPI = ("auto", "on", "off")
-#: :meth:`Network.reduce_owned` copies the rows into a padded layout where each of the ring's steps
-#: is one addition (:func:`padded_sums`) where that copy takes up to this many bytes (about twice
-#: the rows' with balanced chunks): on the host (numpy or CPU tensors), up to where the copy costs
-#: more than the steps' calls it saves (docs/figures.md, the ring on one rank); on a device, where a
-#: step's launch costs about what copying a megabyte does, more (a bound reasoned from launch time
-#: and memory bandwidth, not yet measured on a GPU).
+#: The largest padded copy of the rows, in bytes (about twice the rows with balanced chunks), that
+#: :meth:`Network.reduce_owned` makes so that each of the ring's steps is one addition
+#: (:func:`padded_sums`). On the host (numpy or CPU tensors): up to where the copy costs more than
+#: the steps' calls it saves (docs/figures.md, the ring on one rank). On a device, where a step's
+#: launch costs about what copying a megabyte does: more (a bound reasoned from launch time and
+#: memory bandwidth, not yet measured on a GPU).
 PADDED_BYTES = {"host": 8 << 20, "device": 512 << 20}
 
 
@@ -193,47 +193,12 @@ def hop_runs(
 
 
 @functools.lru_cache(maxsize=64)
-def sum_plan(n: int, bounds: bytes, d: int) -> tuple[tuple[tuple[int, int, int, int], ...], ...]:
-    """The reduce-scatter of ``n`` rows of one buffer as ``n`` steps of column-run additions, for
-    :meth:`Network.reduce_owned`: step ``s`` adds row ``(c + s) mod n`` of every chunk ``c`` (of the
-    ``bounds``, int64 bytes). Each step is pieces ``(chunks, size, first element of the sum,
-    first element of the rows)``: adjacent chunks of one size whose rows do not wrap around, each
-    next chunk ``size`` further in the sum and ``d + size`` further in the rows. Cached: a ring
-    repeats the same steps every round.
+def size_runs(bounds: bytes) -> tuple[int, tuple[tuple[int, int, int, int], ...]]:
+    """The chunks of ``bounds`` (int64 bytes) as runs of adjacent chunks of one size, ``(first chunk,
+    chunks, size, first element)``, and the longest chunk's size: the ``width`` of the padded layout
+    of :func:`padded_sums`. Cached: a ring repeats the same steps every round.
 
-    >>> sum_plan(3, block_bounds(7, 3).tobytes(), 7)[1]  # chunk sizes 3, 2, 2
-    ((1, 3, 0, 7), (1, 2, 3, 17), (1, 2, 5, 5))
-    """
-    edges = np.frombuffer(bounds, np.int64)
-    sizes = np.diff(edges)
-    runs, c = [], 0
-    while c < n:  # consecutive chunks of one size
-        e = c + 1
-        while e < n and sizes[e] == sizes[c]:
-            e += 1
-        if sizes[c]:
-            runs.append((c, e))
-        c = e
-    plan = []
-    for s in range(n):
-        pieces = []
-        for a, b in runs:
-            for lo, hi in ((a, min(b, n - s)), (max(a, n - s), b)):  # the rows before and after the wrap
-                if lo < hi:
-                    size = int(sizes[lo])
-                    pieces.append((hi - lo, size, int(edges[lo]), ((lo + s) % n) * d + int(edges[lo])))
-        plan.append(tuple(pieces))
-    return tuple(plan)
-
-
-@functools.lru_cache(maxsize=64)
-def padded_runs(bounds: bytes) -> tuple[int, tuple[tuple[int, int, int, int], ...]]:
-    """The padded layout of :meth:`Network.reduce_owned` for the chunk ``bounds`` (int64 bytes):
-    every chunk padded with zeros to the longest one's ``width``. Returns the width and the runs of
-    adjacent chunks of one size, ``(first chunk, chunks, size, first element)``. Cached: a ring
-    repeats the same steps every round.
-
-    >>> padded_runs(block_bounds(7, 3).tobytes())  # chunk sizes 3, 2, 2
+    >>> size_runs(block_bounds(7, 3).tobytes())  # chunk sizes 3, 2, 2
     (3, ((0, 1, 3, 0), (1, 2, 2, 3)))
     """
     edges = np.frombuffer(bounds, np.int64)
@@ -248,10 +213,37 @@ def padded_runs(bounds: bytes) -> tuple[int, tuple[tuple[int, int, int, int], ..
     return int(sizes.max(initial=0)), tuple(runs)
 
 
+@functools.lru_cache(maxsize=64)
+def sum_plan(n: int, bounds: bytes, d: int) -> tuple[tuple[tuple[int, int, int, int], ...], ...]:
+    """The reduce-scatter of ``n`` rows of one buffer as ``n`` steps of column-run additions, for
+    :meth:`Network.reduce_owned`: step ``s`` adds row ``(c + s) mod n`` of every chunk ``c`` (of the
+    ``bounds``, int64 bytes). Each step is pieces ``(chunks, size, first element of the sum,
+    first element of the rows)``: adjacent chunks of one size whose rows do not wrap around, each
+    next chunk ``size`` further in the sum and ``d + size`` further in the rows. Cached: a ring
+    repeats the same steps every round.
+
+    >>> sum_plan(3, block_bounds(7, 3).tobytes(), 7)[1]  # chunk sizes 3, 2, 2
+    ((1, 3, 0, 7), (1, 2, 3, 17), (1, 2, 5, 5))
+    """
+    edges = np.frombuffer(bounds, np.int64)
+    sizes = np.diff(edges)
+    runs = [(c, c + m) for c, m, size, _ in size_runs(bounds)[1] if size]
+    plan = []
+    for s in range(n):
+        pieces = []
+        for a, b in runs:
+            for lo, hi in ((a, min(b, n - s)), (max(a, n - s), b)):  # the rows before and after the wrap
+                if lo < hi:
+                    size = int(sizes[lo])
+                    pieces.append((hi - lo, size, int(edges[lo]), ((lo + s) % n) * d + int(edges[lo])))
+        plan.append(tuple(pieces))
+    return tuple(plan)
+
+
 def padded_sums(rows, width: int, runs: Iterable[tuple[int, int, int, int]]):
-    """The ring sums of :meth:`Network.reduce_owned` in the padded layout (:func:`padded_runs`):
-    row ``c`` of the ``(n, width)`` result holds chunk ``c`` summed over rows ``c, c + 1, ..., c - 1
-    (mod n)``, in that order, its padding zeros.
+    """The ring sums of :meth:`Network.reduce_owned` in the padded layout (``width`` and ``runs``:
+    :func:`size_runs`): row ``c`` of the ``(n, width)`` result holds chunk ``c`` summed over rows
+    ``c, c + 1, ..., c - 1 (mod n)``, in that order, its padding zeros.
 
     The rows are copied twice into a ``(2n - 1, n, width)`` buffer, row ``n + i`` repeating row
     ``i``, so that the operands of step ``s`` (chunk ``c`` of row ``c + s`` for every ``c``) are one
@@ -799,7 +791,7 @@ class Network:
 
         The ring's ``n - 1`` steps add each chunk row after row, starting at the row of its index:
         chunk ``c`` sums rows ``c, c + 1, ..., c - 1 (mod n)`` in that order. On one rank the same
-        additions, in the same order on the same operands, run for every chunk at once: for rows of
+        additions, in the same order on the same operands, run for every chunk at once: for rows
         whose padded copy takes up to :data:`PADDED_BYTES`, one addition a step over that copy
         (:func:`padded_sums`); for larger ones, into one d-vector, a few column runs a step
         (:func:`planned_sums`), with no copy. The sums are then copied to their owners: the same bits
@@ -810,11 +802,11 @@ class Network:
             return
         n, d = self.n_clients, rows.shape[1]
         key = np.asarray(bounds, np.int64).tobytes()
-        width, size_runs = padded_runs(key)
+        width, chunk_runs = size_runs(key)
         copy_bytes = (2 * n - 1) * n * width * host_dtype(rows).itemsize
         padded = copy_bytes <= PADDED_BYTES["host" if str(device(rows)) == "cpu" else "device"]
         if padded:  # chunk c in row c of an (n, width) array
-            sums = padded_sums(rows, width, size_runs)
+            sums = padded_sums(rows, width, chunk_runs)
         else:  # chunk c in place in a d-vector
             sums = planned_sums(rows, sum_plan(n, key, d))
         for k, c, m in runs:
