@@ -156,16 +156,25 @@ def test_nonfinite_rows_on_tensor(name):
         assert_same_result(name, X, r_np, r_t, exact=name in EXACT or not b.on_device)
 
 
+@pytest.mark.parametrize("bad", [None, np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("n", [10, 11])
-def test_bucketing_then_mean_on_tensor(n):
+def test_bucketing_then_mean_on_tensor(n, bad):
     """On a device bucketing then the mean is one weighted mean of the rows (an odd n leaves a bucket
-    of one, whose client weighs twice the others); non-finite rows are left out before the draw,
-    so the buckets of the finite rows are those the host draws."""
+    of one, whose client weighs twice the others), its check read off its result: a non-finite row
+    rewinds the generator, so the buckets of the finite rows are those the host draws, and the
+    generator ends where the host's does."""
     X = rows(n, seed=4)
-    X[3, 7] = np.nan
+    if bad is not None:
+        X[3, 7] = bad
     a, b = make_aggregator("mean", 1, {}, pre=["bucketing"]), make_aggregator("mean", 1, {}, pre=["bucketing"])
-    for r_np, r_t, _, _ in run_both(a, b, X):
-        np.testing.assert_array_equal(r_t.excluded, np.arange(n) == 3)
+    for seed in range(3):
+        rng_np, rng_t = np.random.default_rng(seed), np.random.default_rng(seed)
+        r_np, r_t = a.aggregate(X, rng=rng_np), b.aggregate(torch.from_numpy(X.copy()), rng=rng_t)
+        assert rng_np.bit_generator.state == rng_t.bit_generator.state
+        if bad is None:
+            assert r_t.excluded is None and r_np.excluded is None
+        else:
+            np.testing.assert_array_equal(r_t.excluded, np.arange(n) == 3)
         assert_same_result(b.name, X, r_np, r_t, exact=False)
 
 

@@ -14,6 +14,7 @@ from ._blocks import Gram, block_width
 from ._kernels import (
     COMBINE_BYTES,
     ROW_RUN_BYTES,
+    all_finite,
     combine,
     gram,
     map_blocks,
@@ -195,8 +196,11 @@ class Bucketing(PreAggregator):
         keeps each block's bucket means in the cache (:func:`_mean_of_bucket_means`, the same
         bits); the buckets are drawn first, and the generator is rewound when a non-finite row (or
         an overflow) sends the call down the plain path. On a device, the mean of the bucket means
-        as one weighted mean of the rows (client i's weight ``1 / (m |B(i)|)``, one product), after
-        the check for non-finite rows and before the draw: two passes over the rows instead of five."""
+        as one weighted mean of the rows (client i's weight ``1 / (m |B(i)|)``, one product): one
+        pass over the rows, the check for non-finite rows read off its result (with positive
+        weights, a column's weighted mean is finite only if its values are); where it is not
+        finite, the rows are checked, and with a non-finite row the generator is rewound for the
+        plain path's draw over the finite rows."""
         if type(rule) is not Mean:
             return None
         if on_host(X):
@@ -209,11 +213,15 @@ class Bucketing(PreAggregator):
                 rng.bit_generator.state = start
                 return None
             return AggregateResult(out)
-        excluded = nonfinite_rows(X)
-        if excluded.any():
-            return excluded
+        start = rng.bit_generator.state
         W, owner = self.buckets(X.shape[0], rng)
-        return AggregateResult(combine((1.0 / (W.shape[0] * W.sum(axis=1)))[owner], X))
+        out = combine((1.0 / (W.shape[0] * W.sum(axis=1)))[owner], X)
+        if not all_finite(out):
+            excluded = nonfinite_rows(X)
+            if excluded.any():
+                rng.bit_generator.state = start
+                return excluded
+        return AggregateResult(out)
 
 
 def _bucket_means(X: np.ndarray, W: np.ndarray) -> np.ndarray:
