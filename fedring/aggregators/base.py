@@ -317,8 +317,8 @@ class SortedRule(Aggregator):
 
     The check for non-finite rows rides on that pass (each block's row sums as the sort loads it),
     and the separate pass over the rows of ``Aggregator._aggregate_checked`` is spared. Where the
-    rule sorts nothing at n (``sorts``: nothing trimmed), it is the plain mean, checked as every
-    rule is.
+    rule sorts nothing at n (``sorts``: nothing trimmed), it is the plain mean, checked as
+    :class:`.coordinatewise.Mean` checks it (:func:`checked_mean`).
     """
 
     def sorts(self, n: int) -> bool:
@@ -326,14 +326,15 @@ class SortedRule(Aggregator):
         return True
 
     def _aggregate_checked(self, X, state, reference, rng):
-        if not self.sorts(X.shape[0]):
-            return super()._aggregate_checked(X, state, reference, rng)
-        out, bad = self._sorted(X, check=True)
+        if self.sorts(X.shape[0]):
+            out, bad = self._sorted(X, check=True)
+        else:
+            out, bad = checked_mean(X)
         return bad if bad is not None and bad.any() else AggregateResult(out)
 
     def _aggregate(self, X, state, reference, rng):
         if not self.sorts(X.shape[0]):
-            return AggregateResult(X.mean(axis=0))
+            return AggregateResult(mean(X))
         return AggregateResult(self._sorted(X, check=False)[0])
 
     def _sorted(self, X: Any, check: bool) -> tuple[Any, np.ndarray | None]:

@@ -201,20 +201,16 @@ class Bucketing(PreAggregator):
         weights, a column's weighted mean is finite only if its values are); where it is not
         finite, the rows are checked, and with a non-finite row the generator is rewound for the
         plain path's draw over the finite rows."""
-        if type(rule) is not Mean:
+        if type(rule) is not Mean or (on_host(X) and (self.s > 2 or X.shape[1] < 2)):
             return None
+        start = rng.bit_generator.state
+        W, owner = self.buckets(X.shape[0], rng)
         if on_host(X):
-            if self.s > 2 or X.shape[1] < 2:
-                return None
-            start = rng.bit_generator.state
-            W, _ = self.buckets(X.shape[0], rng)
             out = _mean_of_bucket_means(X, W)
             if out is None:
                 rng.bit_generator.state = start
                 return None
             return AggregateResult(out)
-        start = rng.bit_generator.state
-        W, owner = self.buckets(X.shape[0], rng)
         out = combine((1.0 / (W.shape[0] * W.sum(axis=1)))[owner], X)
         if not all_finite(out):
             excluded = nonfinite_rows(X)
