@@ -8,28 +8,33 @@ batched first step with shared weights, as on a GPU), per client and batched.
 The bare loops of ``bench train`` (``BareLoop``, ``BareBatchedLoop``: the same clients' steps, the
 gradients summed in place) are counted alike: the floor a round's operations are read against.
 
-Every operation that reaches PyTorch's dispatcher is counted (``TorchDispatchMode``), in three
-kinds: *kernels*, each a launch on a GPU, whose host cost a small model's round is bound by;
-*views*, which compute nothing but still take the host's time; and *host reads*
-(``aten._local_scalar_dense``: ``float()``, ``bool()`` or ``.item()`` of a tensor), each a wait
-for the device, after which the host can no longer run ahead of it. The counts are exact and do
-not depend on the machine's load: a change's effect on a GPU's host work, read on a CPU. The
-choices that depend on where the rows are take a GPU's (``fedring.comm.network.PADDED_BYTES``:
-the reduce-scatter on one rank by the padded path up to the device's bound). One untimed round
-first; the figures are per round over ``--rounds`` rounds.
+What is counted (``fedring.bench.ops``): every operation that reaches PyTorch's dispatcher, as
+*kernels* (each a launch on a GPU, whose host cost a small model's round is bound by), *views*
+(which compute nothing but still take the host's time) and *host reads* (``float()``, ``bool()``
+or ``.item()`` of a tensor); and the *copies* between host memory and the device, counted where
+the round makes them (on CPU tensors they copy nothing). On a GPU a read, and a copy from pageable
+memory, waits for the device's queued work: after it the host no longer runs ahead, and what it
+queues next runs after a gap. So the round's *waits* (its reads and copies) are listed with the
+number of kernels queued before each: the kernels after a wait that follows the clients'
+gradients run on an idle device. The counts are exact and do not depend on the machine's load: a
+change's effect on a GPU's host work, read on a CPU. The choices that depend on where the rows
+are take a GPU's (``fedring.comm.network.PADDED_BYTES``: the reduce-scatter on one rank by the
+padded path up to the device's bound; ``fedring.aggregators._kernels_torch.BY_EXTREMES``: the
+uploads' non-finite flags made with no read). One untimed round first; the figures are per round
+over ``--rounds`` rounds, the waits those of the last.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import json
 
 import torch
 from mpi4py import MPI
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from fedring.aggregators import _kernels_torch
+from fedring.bench.ops import KINDS, counting
 from fedring.bench.train import BareBatchedLoop, BareLoop, fedring_trainer
 from fedring.comm import network
 from fedring.config import Config, merge, parse_setting
@@ -37,33 +42,19 @@ from fedring.errors import ConfigError
 from fedring.train.loop import train_round
 from fedring.train.task import TrainTask
 
-HOST_READ = "aten._local_scalar_dense"
-
-
-class Counted(TorchDispatchMode):
-    """Counts each operation that reaches the dispatcher, by name and kind."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kinds: collections.Counter = collections.Counter()
-        self.names: collections.Counter = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket)
-        self.names[name] += 1
-        self.kinds["host reads" if name == HOST_READ else "views" if func.is_view else "kernels"] += 1
-        return func(*args, **(kwargs or {}))
-
 
 def counts(round_fn, rounds: int) -> dict:
-    """The operations per round of ``round_fn(t)``, after one untimed round."""
+    """The operations per round of ``round_fn(t)``, after one untimed round, and the last round's waits."""
     round_fn(0)
-    counted = Counted()
-    with counted:
+    with counting() as counted:
         for t in range(1, 1 + rounds):
+            counted.new_round()
             round_fn(t)
-    per_round = {kind: counted.kinds[kind] / rounds for kind in ("kernels", "views", "host reads")}
-    return {"per_round": per_round, "most_common": {n: k / rounds for n, k in counted.names.most_common(12)}}
+    return {
+        "per_round": {kind: counted.kinds[kind] / rounds for kind in KINDS},
+        "waits_after_kernels": counted.waits,
+        "most_common": {n: k / rounds for n, k in counted.names.most_common(12)},
+    }
 
 
 def count(cfg: Config, rounds: int) -> dict:
@@ -99,6 +90,7 @@ def main() -> None:
         p.error(str(e))
     torch.set_num_threads(1)
     network.PADDED_BYTES = {"host": network.PADDED_BYTES["device"], "device": network.PADDED_BYTES["device"]}
+    _kernels_torch.BY_EXTREMES = {"cpu": True, "device": True}
     records = []
     for batched in (None, args.batched_clients) if args.batched_clients else (None,):
         record = count(dataclasses.replace(base, batched_clients=batched), args.rounds)
@@ -106,7 +98,8 @@ def main() -> None:
         loop = "per-client loop" if batched is None else f"batched {batched}"
         for who, counted in (("fedring", record), ("bare loop", record["bare"])):
             figures = ", ".join(f"{n:g} {kind}" for kind, n in counted["per_round"].items())
-            print(f"{loop}, {who}: {figures} per round")
+            waits = ", ".join(map(str, counted["waits_after_kernels"])) or "none"
+            print(f"{loop}, {who}: {figures} per round; waits after kernels {waits}")
             print("  most common:", ", ".join(f"{name} {n:g}" for name, n in counted["most_common"].items()))
     if args.json:
         with open(args.json, "w") as f:

@@ -4,10 +4,11 @@ attacks) reaches them through the array API standard, by array-api-compat's name
 array it is given, never by importing torch. A numpy array takes numpy's own functions, so the
 host path keeps its bits.
 
-Four things the standard leaves out are here: whether an array is in host memory
+Five things the standard leaves out are here: whether an array is in host memory
 (:func:`on_host`), copies between a device array and a host buffer (:func:`host`,
-:func:`host_into`, :func:`like`) and a strided view of a buffer (:func:`strided`), each written
-with the methods both kinds of array have.
+:func:`host_into`, :func:`like`), an array made where another is, with no copy from host memory
+(:func:`full`), and a strided view of a buffer (:func:`strided`), each written with the methods
+both kinds of array have.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import array_namespace, device, is_torch_array, to_device
 
-__all__ = ["array_namespace", "device", "host", "host_into", "is_torch_array", "like", "on_host", "strided"]
+__all__ = ["array_namespace", "device", "full", "host", "host_into", "is_torch_array", "like", "on_host", "strided"]
 
 #: an (n, d) or (d,) array of either kind
 Array = Any
@@ -58,6 +59,20 @@ def like(a: np.ndarray, ref: Array) -> Array:
     if on_host(ref):
         return a
     return array_namespace(ref).asarray(a, device=device(ref))
+
+
+def full(shape: int | tuple[int, ...], value: float, ref: Array, dtype: Any = None) -> Array:
+    """An array of ``ref``'s kind on ``ref``'s device, of ``shape`` and ``dtype`` (a numpy dtype;
+    ``ref``'s by default), every element ``value``: made there by a fill, where :func:`like` of a
+    host array would copy it from host memory (on a GPU such a copy waits for the device's queued
+    work; a fill does not).
+
+    >>> full((), 3, np.zeros(2, np.int64), np.float32)
+    array(3., dtype=float32)
+    """
+    xp = array_namespace(ref)
+    kind = ref.dtype if dtype is None else getattr(xp, np.dtype(dtype).name)  # the namespace's own dtype
+    return xp.full(shape, value, dtype=kind, device=device(ref))
 
 
 def strided(x: Array, shape: tuple[int, ...], offset: int, strides: tuple[int, ...]) -> Array:

@@ -241,8 +241,8 @@ def clients(attack, batched=False, host_path=True, **cfg):
     poisoned, opt = np.array([False, attack is not None]), ClientOptimizer()
     cl = Clients(SimpleNamespace(**settings), layout, SHARDS, stage, source, opt, poisoned, attack, lambda t: 0.5, d)
     w = stage.vector(flatten(model))
-    rows, loss = cl.updates(0, w, np.array([True, True]))
-    return (rows.cpu().numpy() if isinstance(rows, torch.Tensor) else rows).copy(), loss
+    rows, losses = cl.updates(0, w, np.array([True, True]))
+    return (rows.cpu().numpy() if isinstance(rows, torch.Tensor) else rows).copy(), losses.read()
 
 
 ATTACK = {"source_label": 1, "target_label": 2, "poisoned_sample_cnt": 2, "boosting_factor": 3.0, "rho": 0.05}

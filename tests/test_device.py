@@ -12,9 +12,10 @@ import pytest
 import torch
 from conftest import fedring
 from mpi4py import MPI
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedring import arrays
+from fedring.aggregators import _kernels_torch, nonfinite_rows
+from fedring.bench.ops import counting
 from fedring.config import Config
 from fedring.results import ResultsFile, read_checkpoint
 from fedring.train.device import Staging
@@ -127,6 +128,17 @@ def test_device_path_uploads_are_the_host_paths_bit_for_bit(settings):
     assert np.array_equal(host.clients.state["m"].view(np.uint32), rows.numpy().view(np.uint32))
 
 
+def test_device_path_ring_over_a_sampled_cohort_is_the_host_paths_bit_for_bit():
+    """Half of the clients a round: the device path joins the members' rows as runs of consecutive
+    rows (``topology.members``), the host path by a mask; the weights are equal bit for bit."""
+    settings = dict(participation=0.5, clients=6, momentum=0.9)
+    host, device = trainer(**settings), trainer(host_path=False, **settings)
+    for t in range(3):
+        cohorts = [train_round(tr, t).cohort.member for tr in (host, device)]
+        assert np.array_equal(*cohorts) and cohorts[0].sum() == 3
+    assert np.array_equal(host.replica.w.view(np.uint32), device.replica.w.view(np.uint32))
+
+
 @pytest.mark.parametrize("bn_stats", ["aggregate", "local"])
 def test_device_path_batchnorm_statistics_are_the_host_paths(bn_stats):
     """BatchNorm statistics on the device path: each client's loaded and kept on the device, the
@@ -228,29 +240,44 @@ def test_a_full_groups_batches_are_gathered_at_once():
         assert ready.stacked(groups[1], step) is None
 
 
-class HostReads(TorchDispatchMode):
-    """Counts the reads of a tensor's value on the host (``float()``, ``bool()``, ``.item()``): on a
-    GPU each waits for the device."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func is torch.ops.aten._local_scalar_dense.default
-        return func(*args, **(kwargs or {}))
+#: settings whose device round must wait for the device only at its start and at its end
+WAITING = {
+    "the field's protocol": dict(momentum=0.9, clip_norm=0.5, weight_decay=0.01),
+    "batched, protocol": dict(momentum=0.9, clip_norm=0.5, weight_decay=0.01, batched_clients=2),
+    "local steps, sampled": dict(local_steps=2, participation=0.5, clients=6),
+    "server adam": dict(momentum=0.9, server_optimizer="adam", batched_clients=2),
+}
 
 
-@pytest.mark.parametrize("batched", [None, 2], ids=["per-client", "batched"])
-def test_a_device_round_reads_no_value_on_the_host(batched):
-    """With momentum, clipping (a factor per step and client) and weight decay, a round of the device
-    path reads no tensor's value on the host: clipping chooses its factor on the device. (It read
-    each norm before: one wait for the device per client and step.)"""
-    tr = trainer(host_path=False, momentum=0.9, clip_norm=0.5, weight_decay=0.01, batched_clients=batched)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+@pytest.mark.parametrize("settings", WAITING.values(), ids=WAITING.keys())
+def test_a_device_ring_round_waits_for_the_device_only_at_its_start_and_end(settings, device, monkeypatch):
+    """A ring-mean round of the device path reads no tensor's value on the host, and its copies
+    between host memory and the device (each a wait for a GPU) are the batches' sample indices, before
+    any kernel, and the uploads' non-finite flags and the batch losses, after the last: the host
+    queues the ring and the update while the device computes the gradients. Clipping chooses its
+    factor on the device (it read each norm before: a wait per client and step); the flags are made
+    as on a GPU (``BY_EXTREMES``); a sampled cohort's rows are joined without a mask from the host."""
+    monkeypatch.setitem(_kernels_torch.BY_EXTREMES, "cpu", True)
+    tr = trainer(host_path=False, device=device, **settings)
     train_round(tr, 0)
-    with HostReads() as reads:
+    with counting() as counted:
         train_round(tr, 1)
-    assert reads.count == 0
+    kernels = counted.kinds["kernels"]
+    assert counted.kinds["host reads"] == 0 and kernels > 50
+    assert counted.waits == [0, kernels, kernels]
+
+
+@needs_gpu
+def test_nonfinite_flags_on_a_gpu_are_numpys():
+    """On a GPU the uploads' flags come from each row's extremes (no read): numpy's flags exactly, for
+    NaN, infinities of either sign and finite rows whose sum overflows."""
+    X = np.random.default_rng(0).standard_normal((8, 1000)).astype(np.float32)
+    X[1, 7], X[2, 999], X[3, 0], X[4, :] = np.nan, np.inf, -np.inf, np.finfo(np.float32).max
+    X[5, 3], X[5, 4] = np.inf, -np.inf
+    got = _kernels_torch.nonfinite_flags(torch.from_numpy(X).cuda())
+    assert got.device.type == "cuda" and got.cpu().tolist() == nonfinite_rows(X).tolist()
+    assert nonfinite_rows(X).tolist() == [False, True, True, True, False, True, False, False]
 
 
 def test_staging_copies_a_read_only_array():

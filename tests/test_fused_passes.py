@@ -127,6 +127,40 @@ def test_all_finite_reads_the_sum_and_checks_values_where_it_is_not_finite(kind,
         assert K.all_finite(a if kind == "numpy" else torch.from_numpy(a)) is expected, (values, kind, dtype)
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch, the sum", "torch, the extremes"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_nonfinite_flags_are_the_rows_with_a_nan_or_an_infinity(kind, dtype):
+    """``_kernels.nonfinite_flags`` (an array of the rows' kind, unread) flags exactly the rows
+    holding a NaN or an infinity, by either form on tensors: not rows of finite values whose sum
+    overflows, nor a row without values."""
+    import torch
+
+    from fedring.aggregators import _kernels_torch
+
+    big = float(np.finfo(dtype).max)
+    rows = {
+        (1.0, 2.0, 3.0): False,
+        (big, big, big): False,
+        (-big, -big, 1.0): False,
+        (1.0, np.inf, 0.0): True,
+        (-np.inf, 1.0, 2.0): True,
+        (np.inf, -np.inf, 0.0): True,
+        (np.nan, 0.0, 0.0): True,
+        (big, np.nan, -big): True,
+        (0.0, -0.0, 5e-324 if dtype == "float64" else 1e-45): False,
+    }
+    X = np.array(list(rows), dtype)
+    for x in (X, X[:, :0]):
+        expected = [bool(v) and x.shape[1] > 0 for v in rows.values()]
+        if kind == "numpy":
+            got = K.nonfinite_flags(x)
+            assert isinstance(got, np.ndarray)
+        else:
+            got = _kernels_torch.nonfinite_flags(torch.from_numpy(x), extremes=kind.endswith("extremes"))
+            assert got.dtype == torch.bool and got.device == torch.device("cpu")
+        assert np.asarray(got).tolist() == expected, (kind, dtype, x.shape)
+
+
 def test_nonfinite_from_norms_checks_overflowing_rows_value_by_value():
     X = np.array([[1.0, 2.0], [np.nan, 0.0], [1e200, 0.0], [-np.inf, 1.0]])
     with np.errstate(over="ignore", invalid="ignore"):

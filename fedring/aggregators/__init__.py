@@ -19,7 +19,7 @@ import pkgutil
 
 import numpy as np
 
-from ._kernels import nonfinite_rows
+from ._kernels import nonfinite_flags, nonfinite_rows
 from .base import (
     AGGREGATORS,
     PRE_AGGREGATORS,
@@ -41,6 +41,7 @@ __all__ = [
     "Pipeline",
     "PreAggregator",
     "make_aggregator",
+    "nonfinite_flags",
     "nonfinite_rows",
 ]
 

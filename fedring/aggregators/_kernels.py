@@ -455,6 +455,20 @@ def nonfinite_rows(X: np.ndarray) -> np.ndarray:
     return np.logical_or.reduce(map_blocks(task, d, block_width(n, X.itemsize, 4 * BLOCK_BYTES)))
 
 
+def nonfinite_flags(X):
+    """:func:`nonfinite_rows` as an ``(n,)`` bool array of X's kind, on its device, made without a read
+    on the host: the training round computes its uploads' flags where they are and reads them at its
+    end (:func:`fedring.arrays.host`), after its work is queued; on a GPU a read waits for the
+    device. Host rows: :func:`nonfinite_rows` itself.
+
+    >>> nonfinite_flags(np.array([[1.0, 2.0], [np.inf, 0.0]], np.float32)).tolist()
+    [False, True]
+    """
+    if is_torch_array(X):
+        return _torch().nonfinite_flags(X)
+    return nonfinite_rows(X)
+
+
 def row_stats(X: np.ndarray, R: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Squared row norms of X and, if R (k, d) is given, the dots ``X @ R.T``; float64, one pass."""
     if is_torch_array(X):

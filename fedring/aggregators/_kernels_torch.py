@@ -147,6 +147,27 @@ def scaled_mean(X: torch.Tensor, scale: np.ndarray) -> torch.Tensor:
     return combine(np.asarray(scale, dtype=np.float64) / X.shape[0], X)
 
 
+#: whether :func:`nonfinite_flags` reads each row's extremes, by where the rows are: on a device
+#: (one pass, nothing read on the host), not on the CPU (where ``aminmax`` takes many times the sum,
+#: and nothing runs ahead of the host anyway)
+BY_EXTREMES = {"cpu": False, "device": True}
+
+
+def nonfinite_flags(X: torch.Tensor, extremes: bool | None = None) -> torch.Tensor:
+    """As :func:`nonfinite_rows`, a bool tensor on X's device, with no read on the host by
+    ``extremes`` (default :data:`BY_EXTREMES`): from each row's least and greatest values
+    (``aminmax``, one pass), as a NaN propagates to both, an infinity is one of them and neither
+    can overflow. Without, :func:`nonfinite_rows`, sum first, read on the host."""
+    if extremes is None:
+        extremes = BY_EXTREMES["cpu" if X.device.type == "cpu" else "device"]
+    if not extremes:
+        return torch.from_numpy(nonfinite_rows(X)).to(X.device)
+    if X.shape[1] == 0:
+        return torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
+    lo, hi = torch.aminmax(X, dim=1)
+    return lo * 0 + hi * 0 != 0  # x * 0 is zero for a finite x, NaN for a NaN or an infinity: 4 kernels
+
+
 def nonfinite_rows(X: torch.Tensor) -> np.ndarray:
     """As numpy's :func:`._kernels.nonfinite_rows`: a row's sum is finite exactly when its values
     are, unless finite values overflow it, so one reduction of the rows (no mask of X) finds the

@@ -100,7 +100,7 @@ import numpy as np
 from mpi4py import MPI
 from numpy.typing import DTypeLike
 
-from fedring.arrays import array_namespace, device, host, like, on_host, strided
+from fedring.arrays import array_namespace, device, full, host, like, on_host, strided
 from fedring.errors import ConfigError
 from fedring.rng import Stream, generator
 from fedring.validate import choice, integer, known_keys, real
@@ -205,7 +205,7 @@ def _quantize_device(grads, sign_zero: int, dtype: DTypeLike, out=None):
     dt = xp_dtype(xp, dtype)
     q = xp.empty(tuple(grads.shape), dtype=dt, device=device(grads)) if out is None else out
     flat, votes = xp.reshape(grads, (-1,)), xp.reshape(q, (-1,))  # ``q`` is contiguous: a view
-    abstain = xp.asarray(sign_zero, dtype=dt, device=device(grads))
+    abstain = full((), sign_zero, grads, dtype)  # a fill: a copy from host memory would wait for the device
     for s in range(0, flat.shape[0], DEVICE_BLOCK):
         x, v = flat[s : s + DEVICE_BLOCK], votes[s : s + DEVICE_BLOCK]
         if sign_zero == 0:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from fedring.arrays import like
+from fedring.arrays import full
 from fedring.registry import Registry
 
 from .network import Layout, Network, add, block_bounds
@@ -223,9 +223,10 @@ class RingAllReduce(RingRule):
     def aggregate(self, net: Network, grads, t: int = 0) -> Aggregation:
         """The ring sum of ``grads`` (numpy or device rows, in place) divided by ``n``: by a 0-d array of
         the rows' kind, an elementwise division on either (a device's kernel may turn a Python scalar
-        divisor into a multiplication by its reciprocal, which rounds differently)."""
+        divisor into a multiplication by its reciprocal, which rounds differently), filled where the
+        rows are (a copy from host memory would wait for the device's queued work)."""
         ring_allreduce(net, grads)
-        return Aggregation(grads[0] / like(np.asarray(self.n_clients, np.float32), grads))
+        return Aggregation(grads[0] / full((), self.n_clients, grads, np.float32))
 
     def centralized(self, G: np.ndarray) -> np.ndarray:
         return G.mean(axis=0)

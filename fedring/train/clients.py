@@ -67,27 +67,20 @@ class Clients:
         if data_attack is not None and data_attack.remembers:  # checkpointed with the optimizer rows
             self.state[ATTACK_MEMORY] = np.full((layout.n_local, d), np.nan, np.float32)
 
-    def updates(self, t: int, w: Vector, taking: np.ndarray) -> tuple[Vector, np.ndarray]:
+    def updates(self, t: int, w: Vector, taking: np.ndarray) -> tuple[Vector, BatchLosses]:
         """Round ``t`` from the shared weights ``w`` (staged): the uploads of the local clients that take
-        part (``taking``, per local client) in ``rows``, and each one's first batch loss, in a
-        ``(n_clients,)`` array with zeros elsewhere. Returns ``(rows, batch_loss)``; ``rows`` is this
-        object's buffer, valid until the next round."""
-        batch_loss = np.zeros(self.layout.n_clients)
+        part (``taking``, per local client) in ``rows``, and each one's first batch loss, unread
+        (:class:`BatchLosses`). Returns ``(rows, losses)``; ``rows`` is this object's buffer, valid
+        until the next round."""
         remembers = self.data_attack is not None and self.data_attack.remembers
         # an attack that remembers reads the weights in host memory: copied once a round, not per attacker
         w_host = host(w) if remembers else None
         groups = self.source.groups(self.layout.local_clients, taking)
         ready = self.device_batches(t, taking, groups)
-        losses: list[tuple[list[int], Any]] = []  # read once, at the end: reading a device's loss waits for it
+        losses: list[tuple[list[int], Any]] = []
         for group in groups:
             self.steps_of(t, w, group, ready, losses, w_host)
-        read = [(cs, v) for cs, v in losses if isinstance(v, torch.Tensor)]
-        if read:
-            batch_loss[[c for cs, _ in read for c in cs]] = host(torch.cat([v for _, v in read]))
-        for cs, v in losses:  # an attack's own steps report a number
-            if not isinstance(v, torch.Tensor):
-                batch_loss[cs] = v
-        return self.rows, batch_loss
+        return self.rows, BatchLosses(self.layout.n_clients, losses)
 
     def device_batches(self, t: int, taking: np.ndarray, groups: list[Group]) -> RoundBatches | None:
         """On the device path, round ``t``'s batches of the local clients that take part (``taking``)
@@ -281,6 +274,29 @@ class Clients:
             order = rng.permutation(len(shard.y))
             for a in range(0, len(order), self.batch_size):
                 yield np.sort(order[a : a + self.batch_size])
+
+
+class BatchLosses:
+    """A round's first batch loss of each local client that took part, read by :meth:`read`: the
+    model's losses are tensors, on a device read in one copy, which waits for the device, so the
+    round reads them at its end, once its work is queued; an attack that runs its own steps reports
+    a number."""
+
+    def __init__(self, n_clients: int, losses: list[tuple[list[int], Any]]):
+        self.n_clients = n_clients
+        measured = [(cs, v) for cs, v in losses if isinstance(v, torch.Tensor)]
+        self.measured = [c for cs, _ in measured for c in cs]
+        self.values = torch.cat([v for _, v in measured]) if measured else None
+        self.reported = [(cs, v) for cs, v in losses if not isinstance(v, torch.Tensor)]
+
+    def read(self) -> np.ndarray:
+        """The losses in a ``(n_clients,)`` array, zero for the clients that did not take part."""
+        out = np.zeros(self.n_clients)
+        if self.values is not None:
+            out[self.measured] = host(self.values)
+        for cs, v in self.reported:
+            out[cs] = v
+        return out
 
 
 class DeviceData:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fedring import names
-from fedring.aggregators import nonfinite_rows
+from fedring.aggregators import nonfinite_flags
 from fedring.arrays import host
 from fedring.comm.ring import Aggregation
 from fedring.job import Recorder
@@ -53,19 +53,22 @@ def train_round(tr: Trainer, t: int) -> RoundResult:
     lay = tr.layout
     cohort = tr.participation.draw(t, tr.adversary.is_byzantine, tr.f)
     taking = cohort.member[lay.lo : lay.hi]
-    rows, batch_loss = tr.clients.updates(t, tr.replica.w_staged, taking)
+    rows, losses = tr.clients.updates(t, tr.replica.w_staged, taking)
     rows = tr.privacy.release(rows, t, lay.lo, taking & ~tr.adversary.is_byzantine[lay.lo : lay.hi])  # local DP
     reference = tr.reference()  # the server's clean-data gradient, for the rules that need one
     probe = tr.probe(t)  # the round's model, for the rules that inspect it
     rows = tr.adversary.attack(rows, t, reference, cohort, probe, tr.attacker_model(t))
-    nonfinite = np.zeros(tr.cfg.n_clients, np.uint8)
-    nonfinite[lay.lo : lay.hi] = nonfinite_rows(rows) & taking
+    flags = nonfinite_flags(rows)  # where the rows are, read below
     with np.errstate(invalid="ignore", over="ignore"):  # non-finite uploads are recorded instead
         aggregation = tr.topology.aggregate(rows, t, reference, cohort, probe)
     aggregation = tr.privacy.noised(aggregation, t, cohort.size)  # central DP
     if aggregation.updated:
         tr.replica.apply(aggregation.update, t, cohort.member)
-    return RoundResult(aggregation, batch_loss, nonfinite, cohort)
+    # the round's reads come last: on a device each waits for the work queued before it, and the
+    # host queues the ring's steps while the device still computes the clients' gradients
+    nonfinite = np.zeros(tr.cfg.n_clients, np.uint8)
+    nonfinite[lay.lo : lay.hi] = host(flags) & taking
+    return RoundResult(aggregation, losses.read(), nonfinite, cohort)
 
 
 class TrainJob:

@@ -24,7 +24,7 @@ import numpy as np
 
 from fedring.aggregators import Aggregator
 from fedring.aggregators.probe import Probe
-from fedring.arrays import host, like, on_host
+from fedring.arrays import array_namespace, full, host, like, on_host
 from fedring.comm import Network
 from fedring.comm.ring import Aggregation, RingRule
 from fedring.rng import Stream, fixed_generator, generator
@@ -49,11 +49,17 @@ def catch_up(net: Network, senders: np.ndarray | None, d: int, stale: int = 0) -
 
 def members(rows: Vector, cohort: Cohort, lo: int, hi: int) -> Vector:
     """The cohort's members' rows among this rank's ``rows`` (clients ``lo .. hi - 1``, either kind):
-    ``rows`` itself when every local client is a member, else a contiguous copy of theirs."""
+    ``rows`` itself when every local client is a member, else a contiguous copy of theirs: on a
+    device, the runs of consecutive members joined in one copy (a mask or an index from host memory
+    would be a copy that waits for the device's queued work)."""
     taking = cohort.member[lo:hi]
     if taking.all():
         return rows
-    return np.ascontiguousarray(rows[taking]) if on_host(rows) else rows[like(taking, rows)]
+    if on_host(rows):
+        return np.ascontiguousarray(rows[taking])
+    edges = np.diff(taking.astype(np.int8), prepend=0, append=0)
+    runs = zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist())
+    return array_namespace(rows).concat([rows[a:b] for a, b in runs] or [rows[:0]], axis=0)
 
 
 def runs_on(rule, rows: Vector) -> bool:
@@ -108,8 +114,10 @@ class RingTopology:
         ring = self.net.over(cohort.clients)
         position = np.searchsorted(cohort.clients, cohort.stale)
         catch_up(self.net, cohort.clients[position - 1], self.d)
-        update, figures, per_client = like(np.zeros(self.d, np.float32), rows), {}, {}
-        if ring is not None:
+        update, figures, per_client = None, {}, {}
+        if ring is None:  # filled from the rank of the first member
+            update = full(self.d, 0, rows, np.float32)
+        else:
             rule = self.rule(m)
             rule.set_byzantine(np.searchsorted(cohort.clients, self.byzantine[cohort.member[self.byzantine]]))
             mine = members(rows, cohort, lay.lo, lay.hi)
