@@ -19,7 +19,7 @@ every stream value is unique, so no two purposes share a generator.
 
 >>> generator(0, Stream.BATCH, client=3, step=7).integers(100)  # client 3's batch draw in round 7
 np.int64(92)
->>> generator(0, Stream.PARTITION).bit_generator.seed_seq.entropy
+>>> generator(0, Stream.PARTITION).bit_generator.seed_seq.entropy.tolist()
 [0, 39463]
 """
 
@@ -83,6 +83,10 @@ def generator(
         if step is None:
             raise ValueError("a client's draws are keyed by a step (round or trial)")
         key = [seed, client, step, int(stream), *extra]
+    if all(isinstance(k, (int, np.integer)) and 0 <= k <= 0xFFFFFFFF for k in key):
+        # one uint32 word each: the words numpy makes of the list entry by entry, made at once (the
+        # same generator, sooner: a round makes one per client, and the device waits for them)
+        return np.random.default_rng(np.random.SeedSequence(np.array(key, np.uint32)))
     return np.random.default_rng(key)
 
 
