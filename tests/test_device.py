@@ -240,6 +240,23 @@ def test_a_full_groups_batches_are_gathered_at_once():
         assert ready.stacked(groups[1], step) is None
 
 
+def test_counting_sorts_operations_into_kernels_views_reads_and_copies():
+    """``fedring.bench.ops.counting``, the waits' counter: a tensor made from host data and a numpy
+    view of a tensor are copies, ``float()`` a host read, each recorded as a wait after the kernels
+    queued before it; a copy between devices (here to ``meta``) is no kernel (its host end is the
+    copy); a view is no kernel."""
+    with counting() as counted:
+        x = torch.from_numpy(np.arange(4, dtype=np.float32))  # copy, after 0 kernels
+        y = (x * 2).view(2, 2)  # a kernel and a view
+        x.to("meta")
+        torch.empty(4, device="meta").copy_(x)  # a kernel (empty); the copy crosses devices
+        float(y[0, 0])  # two views (selects) and a host read, after 2 kernels
+        y.numpy()  # copy
+        torch.tensor(3.0)  # copy (and two views: the new tensor lifted and detached)
+    assert dict(counted.kinds) == {"copies": 3, "kernels": 2, "views": 6, "host reads": 1}
+    assert counted.waits == [0, 2, 2, 2]
+
+
 #: settings whose device round must wait for the device only at its start and at its end
 WAITING = {
     "the field's protocol": dict(momentum=0.9, clip_norm=0.5, weight_decay=0.01),

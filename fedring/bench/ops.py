@@ -43,9 +43,19 @@ class Counted(TorchDispatchMode):
         self.names[name] += 1
         if name == HOST_READ:
             self.wait("host reads")
-        else:
+        elif not crosses(name, args, kwargs or {}):  # a copy between devices is its host end's copy
             self.kinds["views" if func.is_view else "kernels"] += 1
         return func(*args, **(kwargs or {}))
+
+
+def crosses(name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether the operation ``name`` copies between devices (host memory and a GPU's): on a GPU the
+    copy of a tensor to or from host memory, which :func:`copies` counts where the host array is."""
+    if name == "aten._to_copy":
+        return kwargs.get("device") is not None and torch.device(kwargs["device"]).type != args[0].device.type
+    if name == "aten.copy_":
+        return args[0].device.type != args[1].device.type
+    return False
 
 
 @contextlib.contextmanager
