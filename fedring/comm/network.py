@@ -258,10 +258,11 @@ def padded_sums(rows, width: int, runs: Iterable[tuple[int, int, int, int]]):
         if size < width:
             strided(pad, (n, m, width - size), c * width + size, (n * width, width, 1))[...] = 0
     pad[n:] = pad[: n - 1]
+    steps = strided(pad, (n, n, width), 0, (n * width, (n + 1) * width, 1))  # [s, c]: chunk c of row c + s
     sums = xp.empty((n, width), dtype=rows.dtype, device=at)
-    sums[...] = strided(pad, (n, width), 0, ((n + 1) * width, 1))
-    for s in range(1, n):
-        sums += strided(pad, (n, width), s * n * width, ((n + 1) * width, 1))
+    sums[...] = steps[0]
+    for operand in steps[1:]:  # the steps' views made at once (a tensor's iteration is one unbind)
+        sums += operand
     return sums
 
 
