@@ -90,7 +90,7 @@ def main() -> None:
         p.error(str(e))
     torch.set_num_threads(1)
     network.PADDED_BYTES = {"host": network.PADDED_BYTES["device"], "device": network.PADDED_BYTES["device"]}
-    _kernels_torch.BY_EXTREMES = {"cpu": True, "device": True}
+    _kernels_torch.BY_EXTREMES = {"host": True, "device": True}
     records = []
     for batched in (None, args.batched_clients) if args.batched_clients else (None,):
         record = count(dataclasses.replace(base, batched_clients=batched), args.rounds)

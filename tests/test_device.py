@@ -275,7 +275,7 @@ def test_a_device_ring_round_waits_for_the_device_only_at_its_start_and_end(sett
     queues the ring and the update while the device computes the gradients. Clipping chooses its
     factor on the device (it read each norm before: a wait per client and step); the flags are made
     as on a GPU (``BY_EXTREMES``); a sampled cohort's rows are joined without a mask from the host."""
-    monkeypatch.setitem(_kernels_torch.BY_EXTREMES, "cpu", True)
+    monkeypatch.setitem(_kernels_torch.BY_EXTREMES, "host", True)
     tr = trainer(host_path=False, device=device, **settings)
     train_round(tr, 0)
     with counting() as counted:

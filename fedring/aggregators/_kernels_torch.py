@@ -147,10 +147,10 @@ def scaled_mean(X: torch.Tensor, scale: np.ndarray) -> torch.Tensor:
     return combine(np.asarray(scale, dtype=np.float64) / X.shape[0], X)
 
 
-#: whether :func:`nonfinite_flags` reads each row's extremes, by where the rows are: on a device
-#: (one pass, nothing read on the host), not on the CPU (where ``aminmax`` takes many times the sum,
-#: and nothing runs ahead of the host anyway)
-BY_EXTREMES = {"cpu": False, "device": True}
+#: whether :func:`nonfinite_flags` reads each row's extremes, by where the rows are (keyed as
+#: :data:`fedring.comm.network.PADDED_BYTES`): on a device (one pass, nothing read on the host), not
+#: on the host's CPU (where ``aminmax`` takes many times the sum, and nothing runs ahead of the host)
+BY_EXTREMES = {"host": False, "device": True}
 
 
 def nonfinite_flags(X: torch.Tensor, extremes: bool | None = None) -> torch.Tensor:
@@ -159,7 +159,7 @@ def nonfinite_flags(X: torch.Tensor, extremes: bool | None = None) -> torch.Tens
     (``aminmax``, one pass), as a NaN propagates to both, an infinity is one of them and neither
     can overflow. Without, :func:`nonfinite_rows`, sum first, read on the host."""
     if extremes is None:
-        extremes = BY_EXTREMES["cpu" if X.device.type == "cpu" else "device"]
+        extremes = BY_EXTREMES["host" if X.device.type == "cpu" else "device"]
     if not extremes:
         return torch.from_numpy(nonfinite_rows(X)).to(X.device)
     if X.shape[1] == 0:
