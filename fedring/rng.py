@@ -28,6 +28,8 @@ from __future__ import annotations
 from enum import IntEnum
 
 import numpy as np
+import numpy.typing as npt
+from numpy.random.bit_generator import ISpawnableSeedSequence
 
 
 class Stream(IntEnum):
@@ -88,6 +90,111 @@ def generator(
         # same generator, sooner: a round makes one per client, and the device waits for them)
         return np.random.default_rng(np.random.SeedSequence(np.array(key, np.uint32)))
     return np.random.default_rng(key)
+
+
+def client_generators(
+    seed: int, stream: Stream, clients: list[int], step: int, extra: tuple[int, ...] = ()
+) -> list[np.random.Generator]:
+    """The generators of ``clients``' draws of one purpose at one step: ``generator(seed, stream,
+    client=c, step=step, extra=extra)`` for each ``c``, in order, the same states, made together. A
+    round makes one per client before its first kernel, and a GPU waits for them: here numpy's
+    :class:`~numpy.random.SeedSequence` hashing of the keys runs once over all of them
+    (:func:`seed_states`), instead of in each client's ``SeedSequence`` and its ``generate_state``.
+
+    >>> [g.integers(100) for g in client_generators(0, Stream.BATCH, [3, 4], 7)]
+    [np.int64(92), np.int64(26)]
+    >>> generator(0, Stream.BATCH, client=4, step=7).integers(100)
+    np.int64(26)
+    """
+    keys = [[seed, c, step, int(stream), *extra] for c in clients]
+    if not keys or not all(isinstance(k, (int, np.integer)) and 0 <= k <= 0xFFFFFFFF for k in keys[0] + clients):
+        return [generator(seed, stream, client=c, step=step, extra=extra) for c in clients]
+    words = np.array(keys, np.uint32)
+    # numpy's stubs name SeedSequence only; PCG64 takes any ISeedSequence
+    return [np.random.Generator(np.random.PCG64(KeyedSeed(w, s))) for w, s in zip(words, seed_states(words))]  # type: ignore[arg-type]
+
+
+# numpy's SeedSequence constants (O'Neill's seed_seq; numpy/random/bit_generator.pyx)
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R, _POOL = 0xCA01F9DD, 0x4973F715, 4
+
+
+def seed_states(keys: np.ndarray) -> np.ndarray:
+    """Row by row, ``SeedSequence(key).generate_state(4, np.uint64)`` (what
+    :class:`~numpy.random.PCG64` asks of its seed) for ``keys``, an ``(m, k)`` uint32 array of
+    keys of one length, computed for all rows at once: each of the hash's steps is one operation
+    over the column of every key. The hash's multipliers do not depend on the key, so they are
+    the same for all rows.
+
+    >>> key = np.array([[1, 2, 3, 4, 5]], np.uint32)
+    >>> bool((seed_states(key)[0] == np.random.SeedSequence(key[0]).generate_state(4, np.uint64)).all())
+    True
+    """
+    keys = np.asarray(keys, np.uint32)
+    m, k = keys.shape
+    multiplier = _INIT_A
+
+    def hashmix(value: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+        nonlocal multiplier
+        value = value ^ np.uint32(multiplier)
+        multiplier = multiplier * _MULT_A & 0xFFFFFFFF
+        value = value * np.uint32(multiplier)
+        return value ^ (value >> np.uint32(16))
+
+    def mix(x: npt.NDArray[np.uint32], y: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+        out = np.uint32(_MIX_L) * x - np.uint32(_MIX_R) * y
+        return out ^ (out >> np.uint32(16))
+
+    zeros = np.zeros(m, np.uint32)
+    pool = [hashmix(keys[:, i] if i < k else zeros) for i in range(_POOL)]
+    for src in range(_POOL):
+        for dst in range(_POOL):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+    for src in range(_POOL, k):
+        for dst in range(_POOL):
+            pool[dst] = mix(pool[dst], hashmix(keys[:, src]))
+    words, multiplier = [], _INIT_B
+    for i in range(2 * _POOL):  # four uint64 words: eight uint32 words, the first of each pair the low one
+        value = pool[i % _POOL] ^ np.uint32(multiplier)
+        multiplier = multiplier * _MULT_B & 0xFFFFFFFF
+        value = value * np.uint32(multiplier)
+        words.append((value ^ (value >> np.uint32(16))).astype(np.uint64))
+    return np.stack([words[i] | words[i + 1] << np.uint64(32) for i in range(0, 2 * _POOL, 2)], axis=1)
+
+
+class KeyedSeed:
+    """The seed of a generator of :func:`client_generators`: the state :func:`seed_states`
+    computed for its ``key`` (uint32 words), given to :class:`~numpy.random.PCG64` as the key's
+    ``SeedSequence`` would give it; anything else (other state sizes, ``spawn``, ``entropy``)
+    comes from that ``SeedSequence``, made when first asked."""
+
+    __slots__ = ("_sequence", "key", "state")
+    _sequence: np.random.SeedSequence | None
+
+    def __init__(self, key: np.ndarray, state: np.ndarray):
+        self.key, self.state, self._sequence = key, state, None
+
+    def sequence(self) -> np.random.SeedSequence:
+        """The key's ``SeedSequence``, one per seed, as a generator of :func:`generator` has."""
+        if self._sequence is None:
+            self._sequence = np.random.SeedSequence(self.key)
+        return self._sequence
+
+    def generate_state(self, n_words: int, dtype: type = np.uint32) -> np.ndarray:
+        if n_words == len(self.state) and np.dtype(dtype) == np.dtype(np.uint64):
+            return self.state.copy()
+        return self.sequence().generate_state(n_words, dtype)
+
+    def spawn(self, n_children: int) -> list[np.random.SeedSequence]:
+        return self.sequence().spawn(n_children)
+
+    @property
+    def entropy(self) -> np.ndarray:
+        return np.asarray(self.sequence().entropy)
+
+
+ISpawnableSeedSequence.register(KeyedSeed)
 
 
 def fixed_generator(stream: Stream) -> np.random.Generator:

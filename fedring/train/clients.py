@@ -23,7 +23,7 @@ from fedring.attacks import DataAttack
 from fedring.attacks.base import LocalRun
 from fedring.comm import Layout
 from fedring.config import Config
-from fedring.rng import Stream, generator
+from fedring.rng import Stream, client_generators, generator
 
 from .batched import VmapGradients
 from .data import Shard
@@ -94,7 +94,8 @@ class Clients:
             return None
         lo = self.layout.lo
         clean = {c for c in self.layout.local_clients if taking[c - lo] and not self.data_poisoned(c)}
-        drawn = {c: list(self.batch_indices(self.shards[c - lo], self.batch_draws(t, c))) for c in sorted(clean)}
+        rngs = self.batch_draws(t, sorted(clean))
+        drawn = {c: list(self.batch_indices(self.shards[c - lo], rng)) for c, rng in rngs.items()}
         if not drawn:
             return None
         offsets = self.device_data.offsets
@@ -130,7 +131,8 @@ class Clients:
             if not group.held:
                 return
         lo, held, lr = self.layout.lo, group.held, f32(self.lr_at(t))
-        on_host = {c: self.batches(t, c) for c in held if ready is None or c not in ready}
+        rngs = self.batch_draws(t, [c for c in held if ready is None or c not in ready])
+        on_host = {c: self.batches(t, c, rng) for c, rng in rngs.items()}
         steps = self.step_count(self.shards[held[0] - lo])
         block = self.block(group)
         w_local, g = self.source.start(w, group, steps, block)
@@ -195,7 +197,7 @@ class Clients:
                 first.append(loss)
             return host(g[s]).copy(), loss
 
-        rng = self.batch_draws(t, c)  # the draws of its honest batches, continued
+        rng = self.batch_draws(t, [c])[c]  # the draws of its honest batches, continued
         batches = chain.from_iterable(self.local_batches(shard, rng) for _ in count())
         w0 = host(w).view()
         w0.flags.writeable = False  # the replica's weights on the host path
@@ -231,18 +233,22 @@ class Clients:
         if row is not out:
             out[...] = like(row, out)
 
-    def batch_draws(self, t: int, client: int) -> np.random.Generator:
-        """The generator of ``client``'s batches in round ``t``, on either path."""
-        return generator(self.seed, Stream.BATCH, client=client, step=t)
+    def batch_draws(self, t: int, clients: list[int]) -> dict[int, np.random.Generator]:
+        """The generators of ``clients``' batches in round ``t``, on either path, made together
+        (:func:`fedring.rng.client_generators`)."""
+        return dict(zip(clients, client_generators(self.seed, Stream.BATCH, clients, t), strict=True))
 
     def data_poisoned(self, client: int) -> bool:
         """Whether ``client`` trains on batches a data attack changes."""
         return bool(self.poisoned[client]) and self.data_attack is not None
 
-    def batches(self, t: int, client: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``client``'s mini-batches of round ``t`` on the host, poisoned when it runs a data attack."""
+    def batches(
+        self, t: int, client: int, rng: np.random.Generator | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``client``'s mini-batches of round ``t`` on the host, poisoned when it runs a data attack;
+        ``rng`` its generator of :meth:`batch_draws`, unused (made here when None)."""
         shard = self.shards[client - self.layout.lo]
-        rng = self.batch_draws(t, client)
+        rng = self.batch_draws(t, [client])[client] if rng is None else rng
         if not self.data_poisoned(client):
             return self.local_batches(shard, rng)
         assert self.data_attack is not None
