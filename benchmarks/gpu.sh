@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU figures of issue 32 on one GPU, within 8 minutes of an H100 (docs/arrays.md, "Measuring
 # on a GPU"): the tests that need CUDA, the ring of 100 clients on one rank against a bare sum
-# (benchmarks/local_ring.py), then `bench train` (the CNN with 100 clients, per client
-# and batched, against the bare loops, and where its round goes: benchmarks/round_profile.py,
-# printed; ResNet-18 with GroupNorm batched 25 against the bare
+# (benchmarks/local_ring.py), the host's batch draws (benchmarks/draws.py), then `bench train`
+# (the CNN with 100 clients, per client and batched, against the bare loops, and where its round
+# goes: benchmarks/round_profile.py, printed; ResNet-18 with GroupNorm batched 25 against the bare
 # batched loop; median, trimmed mean and Krum on the server against that ring-mean round) and
 # `bench aggregators --device cuda --byzfl` on 100 x 11.2M rows. Every figure is a JSON record
 # naming its device, in docs/measured/gpu/ (FEDRING_GPU_OUT elsewhere). Usage, from anywhere:
@@ -130,6 +130,10 @@ fi
 # shellcheck disable=SC2086
 step ring 90 python benchmarks/local_ring.py --device "$device" --sizes $ring_sizes --repeats "$((repeats * 7))" \
   --paths --json "$out/local_ring.json"
+
+# --- the host's draws of a round's batch indices, 100 clients (the device waits for them before the
+# round's first kernel; a lent machine's host is not this one's): a few seconds
+step draws 30 python benchmarks/draws.py --repeats "$((repeats * 7))" --json "$out/draws.json"
 
 # --- bench train: the CNN, 100 clients per client and batched, plain and with momentum, clipping
 # and weight decay (about 30 s each); ResNet-18 (GroupNorm)

@@ -96,6 +96,13 @@ def summary(root: Path) -> None:
                 f"ring of {r['clients']} on one rank, d={r['d']}, {r['rows']} on {r['device']}: "
                 f"{r['ring_s'] * 1e3:.3f} ms, ring/bare sum {r['ratio']:.2f}"
             )
+    draws = records.pop("draws", None)
+    if draws is not None:
+        us = draws["us_per_client"]
+        print(
+            f"draws per client, µs: generator {us['generator']:.2f}, client_generators {us['client_generators']:.2f}, "
+            f"whole draw {us['client_generators, choice and sort']:.2f}"
+        )
     rings = {r["model"]: r for name, r in records.items() if name.startswith("train-") and name.endswith("-ring")}
     for name, r in records.items():
         if not name.startswith("train-"):

@@ -27,7 +27,10 @@ def test_gpu_script_smoke(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     names = {p.stem for p in tmp_path.glob("*.json")}
     server = {f"train-cnn_cifar-server-{rule}" for rule in ("median", "trimmed_mean", "krum")}
-    assert names == {"train-cnn", "train-cnn-protocol", "train-cnn_cifar-ring", "aggregators", "local_ring"} | server
+    assert (
+        names
+        == {"train-cnn", "train-cnn-protocol", "train-cnn_cifar-ring", "aggregators", "local_ring", "draws"} | server
+    )
     protocol = json.loads((tmp_path / "train-cnn-protocol.json").read_text())
     assert protocol["settings"] == ["momentum=0.9", "clip_norm=1", "weight_decay=0.0005"]
     ring = json.loads((tmp_path / "local_ring.json").read_text())
@@ -39,7 +42,21 @@ def test_gpu_script_smoke(tmp_path):
     ]
     assert all(r["ring_s"] > 0 and r["ratio"] == r["ring_s"] / r["bare_sum_s"] for r in ring["records"])
     assert all(r["padded_s"] > 0 and r["planned_s"] > 0 for r in ring["records"])
-    for name in names - {"aggregators", "local_ring"}:
+    draws = json.loads((tmp_path / "draws.json").read_text())
+    assert (
+        draws["clients"] == 100
+        and draws["repeats"] == 7
+        and set(draws["us_per_client"])
+        == {
+            "generator",
+            "default_rng(key)",
+            "client_generators",
+            "generator, choice and sort",
+            "client_generators, choice and sort",
+        }
+    )
+    assert "draws per client, µs: generator" in run.stdout
+    for name in names - {"aggregators", "local_ring", "draws"}:
         record = json.loads((tmp_path / f"{name}.json").read_text())
         assert (
             record["device"] == "cpu"
