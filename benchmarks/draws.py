@@ -5,10 +5,12 @@ makes them), and its batch's sorted indices (``rng.choice`` without replacement,
 as ``Clients.batch_indices`` draws them. A round of 100 clients makes 100 of each: on a GPU the
 device waits for them at the start of the round (docs/figures.md).
 
-    python benchmarks/draws.py [--clients 100] [--shard 600] [--batch 32] [--repeats 41] [--json PATH]
+    python benchmarks/draws.py [--clients 100] [--shard 600] [--batch 32] [--repeats 41] [--few] [--json PATH]
 
 Prints the medians over ``--repeats`` rounds of each, in µs per client, and the ratios of the
-generators' times, measured in the same run, interleaved.
+generators' times, measured in the same run, interleaved. ``--few`` also times, for rounds of 1 to
+32 clients, ``client_generators`` made together against each client's own, interleaved, and prints
+the fewest clients from which together is faster at every size timed (``fedring.rng.TOGETHER_FROM``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,26 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 
 import numpy as np
 
-from fedring.rng import Stream, client_generators, generator
+from fedring.rng import TOGETHER_FROM, Stream, client_generators, generator
+
+FEW = (1, 2, 4, 6, 8, 10, 12, 16, 24, 32)
+
+
+def medians(ways: dict[str, Callable[[int], object]], repeats: int, per: int) -> dict[str, float]:
+    """Each way's median µs per ``per`` over ``repeats`` rounds, the ways interleaved, after one round
+    of each to warm up."""
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for t in range(repeats + 1):
+        for name, way in ways.items():
+            start = time.perf_counter()
+            way(t)
+            if t:
+                times[name].append((time.perf_counter() - start) / per * 1e6)
+    return {name: float(np.median(ts)) for name, ts in times.items()}
 
 
 def main() -> None:
@@ -28,6 +46,7 @@ def main() -> None:
     p.add_argument("--shard", type=int, default=600, help="samples per client (Fashion-MNIST's 60,000 over 100)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--repeats", type=int, default=41)
+    p.add_argument("--few", action="store_true", help="also time rounds of 1 to 32 clients, together or each")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args()
     seed, clients = 0, range(args.clients)
@@ -41,14 +60,14 @@ def main() -> None:
             np.random.default_rng([seed, c, t, int(Stream.BATCH)])
 
     def together(t: int) -> None:
-        client_generators(seed, Stream.BATCH, list(clients), t)
+        client_generators(seed, Stream.BATCH, list(clients), t, together=True)
 
     def batches(t: int) -> None:
         for c in clients:
             np.sort(generator(seed, Stream.BATCH, client=c, step=t).choice(args.shard, args.batch, replace=False))
 
     def round_batches(t: int) -> None:
-        for rng in client_generators(seed, Stream.BATCH, list(clients), t):
+        for rng in client_generators(seed, Stream.BATCH, list(clients), t, together=True):
             np.sort(rng.choice(args.shard, args.batch, replace=False))
 
     ways = {
@@ -58,27 +77,35 @@ def main() -> None:
         "generator, choice and sort": batches,
         "client_generators, choice and sort": round_batches,
     }
-    times: dict[str, list[float]] = {name: [] for name in ways}
-    for t in range(args.repeats + 1):
-        for name, way in ways.items():
-            start = time.perf_counter()
-            way(t)
-            if t:  # the first round warms up
-                times[name].append((time.perf_counter() - start) / args.clients * 1e6)
-    medians = {name: float(np.median(ts)) for name, ts in times.items()}
-    for name, us in medians.items():
+    us_per_client = medians(ways, args.repeats, args.clients)
+    for name, us in us_per_client.items():
         print(f"{name:<36}{us:8.2f} µs per client")
     ratios = {
-        "default_rng(key) / generator": medians["default_rng(key)"] / medians["generator"],
-        "generator / client_generators": medians["generator"] / medians["client_generators"],
-        "whole draw, generator / client_generators": medians["generator, choice and sort"]
-        / medians["client_generators, choice and sort"],
+        "default_rng(key) / generator": us_per_client["default_rng(key)"] / us_per_client["generator"],
+        "generator / client_generators": us_per_client["generator"] / us_per_client["client_generators"],
+        "whole draw, generator / client_generators": us_per_client["generator, choice and sort"]
+        / us_per_client["client_generators, choice and sort"],
     }
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}")
+    record = {**vars(args), "us_per_client": us_per_client, "ratios": ratios}
+    if args.few:
+        few = {}
+        print(f"clients  together  each  (µs per round; fedring.rng.TOGETHER_FROM = {TOGETHER_FROM})")
+        for m in FEW:
+            some = list(range(m))
+            ways = {
+                "together": lambda t, some=some: client_generators(seed, Stream.BATCH, some, t, together=True),
+                "each": lambda t, some=some: client_generators(seed, Stream.BATCH, some, t, together=False),
+            }
+            few[m] = medians(ways, args.repeats, 1)
+            print(f"{m:7d}  {few[m]['together']:8.1f}  {few[m]['each']:6.1f}")
+        faster = [m for m in FEW if all(few[k]["together"] < few[k]["each"] for k in FEW if k >= m)]
+        record["few"], record["together_from"] = few, faster[0] if faster else None
+        print(f"together is faster from {record['together_from']} clients on")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**vars(args), "us_per_client": medians, "ratios": ratios}, f, indent=1)
+            json.dump(record, f, indent=1)
 
 
 if __name__ == "__main__":

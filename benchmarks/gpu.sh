@@ -133,7 +133,7 @@ step ring 90 python benchmarks/local_ring.py --device "$device" --sizes $ring_si
 
 # --- the host's draws of a round's batch indices, 100 clients (the device waits for them before the
 # round's first kernel; a lent machine's host is not this one's): a few seconds
-step draws 30 python benchmarks/draws.py --repeats "$((repeats * 7))" --json "$out/draws.json"
+step draws 30 python benchmarks/draws.py --repeats "$((repeats * 7))" --few --json "$out/draws.json"
 
 # --- bench train: the CNN, 100 clients per client and batched, plain and with momentum, clipping
 # and weight decay (about 30 s each); ResNet-18 (GroupNorm)

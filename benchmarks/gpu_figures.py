@@ -101,7 +101,8 @@ def summary(root: Path) -> None:
         us = draws["us_per_client"]
         print(
             f"draws per client, µs: generator {us['generator']:.2f}, client_generators {us['client_generators']:.2f}, "
-            f"whole draw {us['client_generators, choice and sort']:.2f}"
+            f"whole draw {us['client_generators, choice and sort']:.2f}; together faster from "
+            f"{draws.get('together_from')} clients"
         )
     rings = {r["model"]: r for name, r in records.items() if name.startswith("train-") and name.endswith("-ring")}
     for name, r in records.items():

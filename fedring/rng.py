@@ -25,6 +25,7 @@ np.int64(92)
 
 from __future__ import annotations
 
+import functools
 from enum import IntEnum
 
 import numpy as np
@@ -93,38 +94,68 @@ def generator(
 
 
 def client_generators(
-    seed: int, stream: Stream, clients: list[int], step: int, extra: tuple[int, ...] = ()
+    seed: int,
+    stream: Stream,
+    clients: list[int],
+    step: int,
+    extra: tuple[int, ...] = (),
+    *,
+    together: bool | None = None,
 ) -> list[np.random.Generator]:
     """The generators of ``clients``' draws of one purpose at one step: ``generator(seed, stream,
-    client=c, step=step, extra=extra)`` for each ``c``, in order, the same states, made together. A
-    round makes one per client before its first kernel, and a GPU waits for them: here numpy's
-    :class:`~numpy.random.SeedSequence` hashing of the keys runs once over all of them
+    client=c, step=step, extra=extra)`` for each ``c``, in order, the same states. A round makes one
+    per client before its first kernel, and a GPU waits for them. Made together (``together``;
+    None: from :data:`TOGETHER_FROM` clients on, where that is faster), numpy's
+    :class:`~numpy.random.SeedSequence` hash of the keys runs once over all of them
     (:func:`seed_states`), instead of in each client's ``SeedSequence`` and its ``generate_state``.
 
-    >>> [g.integers(100) for g in client_generators(0, Stream.BATCH, [3, 4], 7)]
+    >>> [g.integers(100) for g in client_generators(0, Stream.BATCH, [3, 4], 7, together=True)]
     [np.int64(92), np.int64(26)]
     >>> generator(0, Stream.BATCH, client=4, step=7).integers(100)
     np.int64(26)
     """
     keys = [[seed, c, step, int(stream), *extra] for c in clients]
-    if not keys or not all(isinstance(k, (int, np.integer)) and 0 <= k <= 0xFFFFFFFF for k in keys[0] + clients):
+    if together is None:
+        together = len(clients) >= TOGETHER_FROM
+    if (
+        not together
+        or not keys
+        or not all(isinstance(k, (int, np.integer)) and 0 <= k <= 0xFFFFFFFF for k in keys[0] + clients)
+    ):
         return [generator(seed, stream, client=c, step=step, extra=extra) for c in clients]
     words = np.array(keys, np.uint32)
     # numpy's stubs name SeedSequence only; PCG64 takes any ISeedSequence
     return [np.random.Generator(np.random.PCG64(KeyedSeed(w, s))) for w, s in zip(words, seed_states(words))]  # type: ignore[arg-type]
 
 
+#: the fewest clients whose generators :func:`client_generators` makes together: the hash over all
+#: keys costs a fixed number of numpy operations, which a few clients' own ``SeedSequence`` beat
+#: (``benchmarks/draws.py --few``, docs/figures.md)
+TOGETHER_FROM = 10
+
+
 # numpy's SeedSequence constants (O'Neill's seed_seq; numpy/random/bit_generator.pyx)
 _INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
-_MIX_L, _MIX_R, _POOL = 0xCA01F9DD, 0x4973F715, 4
+_MIX_L, _MIX_R, _POOL = np.uint32(0xCA01F9DD), np.uint32(0x4973F715), 4
+_SHIFT = np.uint32(16)
+
+
+@functools.cache
+def _multipliers(init: int, mult: int, calls: int) -> npt.NDArray[np.uint32]:
+    """The hash's running multiplier at each of its first ``calls`` + 1 calls: ``init * mult**j``
+    modulo 2**32 (call j XORs the value with entry j and multiplies it by entry j + 1), as a column."""
+    out = [init]
+    for _ in range(calls):
+        out.append(out[-1] * mult & 0xFFFFFFFF)
+    return np.array(out, np.uint32)[:, None]
 
 
 def seed_states(keys: np.ndarray) -> np.ndarray:
     """Row by row, ``SeedSequence(key).generate_state(4, np.uint64)`` (what
     :class:`~numpy.random.PCG64` asks of its seed) for ``keys``, an ``(m, k)`` uint32 array of
-    keys of one length, computed for all rows at once: each of the hash's steps is one operation
-    over the column of every key. The hash's multipliers do not depend on the key, so they are
-    the same for all rows.
+    keys of one length, computed for all rows at once. The hash's multipliers depend only on how
+    many times it has run, not on the key, so each step runs over every key, and the hashes a step
+    makes of one pool word for the others run as one ``(3, m)`` operation.
 
     >>> key = np.array([[1, 2, 3, 4, 5]], np.uint32)
     >>> bool((seed_states(key)[0] == np.random.SeedSequence(key[0]).generate_state(4, np.uint64)).all())
@@ -132,35 +163,38 @@ def seed_states(keys: np.ndarray) -> np.ndarray:
     """
     keys = np.asarray(keys, np.uint32)
     m, k = keys.shape
-    multiplier = _INIT_A
+    calls = _POOL + _POOL * (_POOL - 1) + _POOL * max(k - _POOL, 0)
+    h = _multipliers(_INIT_A, _MULT_A, calls)
+    at = 0
 
-    def hashmix(value: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
-        nonlocal multiplier
-        value = value ^ np.uint32(multiplier)
-        multiplier = multiplier * _MULT_A & 0xFFFFFFFF
-        value = value * np.uint32(multiplier)
-        return value ^ (value >> np.uint32(16))
+    def hashmix(values: npt.NDArray[np.uint32], count: int) -> npt.NDArray[np.uint32]:
+        """The hash's next ``count`` calls, call j on ``values[j]`` (rows of one value for all calls)."""
+        nonlocal at
+        out = values ^ h[at : at + count]
+        out *= h[at + 1 : at + count + 1]
+        out ^= out >> _SHIFT
+        at += count
+        return out
 
     def mix(x: npt.NDArray[np.uint32], y: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
-        out = np.uint32(_MIX_L) * x - np.uint32(_MIX_R) * y
-        return out ^ (out >> np.uint32(16))
+        out = _MIX_L * x
+        out -= _MIX_R * y
+        out ^= out >> _SHIFT
+        return out
 
-    zeros = np.zeros(m, np.uint32)
-    pool = [hashmix(keys[:, i] if i < k else zeros) for i in range(_POOL)]
-    for src in range(_POOL):
-        for dst in range(_POOL):
-            if src != dst:
-                pool[dst] = mix(pool[dst], hashmix(pool[src]))
-    for src in range(_POOL, k):
-        for dst in range(_POOL):
-            pool[dst] = mix(pool[dst], hashmix(keys[:, src]))
-    words, multiplier = [], _INIT_B
-    for i in range(2 * _POOL):  # four uint64 words: eight uint32 words, the first of each pair the low one
-        value = pool[i % _POOL] ^ np.uint32(multiplier)
-        multiplier = multiplier * _MULT_B & 0xFFFFFFFF
-        value = value * np.uint32(multiplier)
-        words.append((value ^ (value >> np.uint32(16))).astype(np.uint64))
-    return np.stack([words[i] | words[i + 1] << np.uint64(32) for i in range(0, 2 * _POOL, 2)], axis=1)
+    words = np.zeros((_POOL, m), np.uint32)
+    words[: min(k, _POOL)] = keys[:, :_POOL].T
+    pool = hashmix(words, _POOL)
+    for src in range(_POOL):  # the other words, in order, each mixed with a hash of this one
+        others = [dst for dst in range(_POOL) if dst != src]
+        pool[others] = mix(pool[others], hashmix(pool[src], _POOL - 1))
+    for src in range(_POOL, k):  # the key's words beyond the pool, each into every pool word
+        pool = mix(pool, hashmix(keys[:, src], _POOL))
+    out = pool[[*range(_POOL)] * 2] ^ _multipliers(_INIT_B, _MULT_B, 2 * _POOL)[:-1]
+    out *= _multipliers(_INIT_B, _MULT_B, 2 * _POOL)[1:]
+    out ^= out >> _SHIFT
+    wide = out.astype(np.uint64)  # eight uint32 words a key: four uint64 words, the first of each pair the low half
+    return np.ascontiguousarray((wide[0::2] | wide[1::2] << np.uint64(32)).T)
 
 
 class KeyedSeed:

@@ -13,7 +13,7 @@ import torch
 from conftest import fedring
 from mpi4py import MPI
 
-from fedring import arrays
+from fedring import arrays, rng
 from fedring.aggregators import _kernels_torch, nonfinite_rows
 from fedring.bench.ops import counting
 from fedring.config import Config
@@ -205,17 +205,21 @@ def test_device_rows_checkpoint_and_resume(tmp_path):
     assert torch.equal(whole.clients.state["m"], resumed.clients.state["m"])
 
 
+@pytest.mark.parametrize("together_from", [1, rng.TOGETHER_FROM], ids=["generators-together", "each-clients-own"])
 @pytest.mark.parametrize("settings", [dict(local_steps=3), dict(local_epochs=2, batch_size=7)], ids=["steps", "epochs"])
-def test_device_batches_are_the_host_batches(settings):
+def test_device_batches_are_the_host_batches(settings, together_from, monkeypatch):
     """The device path gathers a round's batches on the device from indices drawn as the host path
-    draws them: the same samples, batch for batch (a pass's last, shorter batch too); clients that
-    sit out the round get none."""
+    draws them, from each client's generator (``rng.generator``), whether the round's generators
+    are made together or not: the same samples, batch for batch (a pass's last, shorter batch too);
+    clients that sit out the round get none."""
+    monkeypatch.setattr(rng, "TOGETHER_FROM", together_from)
     tr = trainer(host_path=False, **settings)
     taking = np.array([True, False, True, True])
     ready = tr.clients.device_batches(5, taking, tr.clients.source.groups(tr.layout.local_clients, taking))
     assert sorted(ready.spans) == [0, 2, 3]
     for c, spans in ready.spans.items():
-        host_batches = list(tr.clients.batches(5, c))
+        own = rng.generator(tr.cfg.seed, rng.Stream.BATCH, client=c, step=5)
+        host_batches = list(tr.clients.local_batches(tr.clients.shards[c], own))
         got = [ready.batch(c, k) for k in range(len(spans))]
         assert len(got) == len(host_batches) > 1
         for (x, y), (hx, hy) in zip(got, host_batches, strict=True):

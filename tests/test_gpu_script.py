@@ -55,6 +55,7 @@ def test_gpu_script_smoke(tmp_path):
             "client_generators, choice and sort",
         }
     )
+    assert set(draws["few"]) == {"1", "2", "4", "6", "8", "10", "12", "16", "24", "32"} and "together_from" in draws
     assert "draws per client, µs: generator" in run.stdout
     for name in names - {"aggregators", "local_ring", "draws"}:
         record = json.loads((tmp_path / f"{name}.json").read_text())

@@ -9,7 +9,7 @@ import pickle
 import numpy as np
 import pytest
 
-from fedring.rng import KeyedSeed, Stream, client_generators, generator, seed_states
+from fedring.rng import TOGETHER_FROM, KeyedSeed, Stream, client_generators, generator, seed_states
 
 #: entries at and around the bounds of one uint32 word (the fast path's), and beyond (numpy's own)
 ENTRIES = [0, 1, 255, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40 + 7, 2**64 + 3, np.int64(5), np.uint32(9)]
@@ -59,19 +59,29 @@ def test_seed_states_literal_vector():
 def test_client_generators_are_each_clients_generator(extra):
     """The same states as :func:`generator` per client, for seeds and steps that fit one word or
     do not (numpy's path then), and clients in any order."""
-    clients = [7, 0, 3, 2**31 - 2, 5]
-    for seed, step in itertools.product(ENTRIES, ENTRIES):
-        got = client_generators(seed, Stream.BATCH, clients, step, extra)
-        for c, g in zip(clients, got, strict=True):
-            want = generator(seed, Stream.BATCH, client=c, step=step, extra=extra)
-            assert g.bit_generator.state == want.bit_generator.state, (seed, c, step, extra)
-    assert client_generators(0, Stream.BATCH, [], 0) == []
+    clients = [7, 0, 3, 2**31 - 2, 5, *range(11, 18)]  # more than TOGETHER_FROM
+    assert len(clients) > TOGETHER_FROM
+    for seed, step, together in itertools.product(ENTRIES, ENTRIES, (True, None)):
+        for few in (clients[:1], clients[: TOGETHER_FROM - 1], clients):
+            got = client_generators(seed, Stream.BATCH, few, step, extra, together=together)
+            for c, g in zip(few, got, strict=True):
+                want = generator(seed, Stream.BATCH, client=c, step=step, extra=extra)
+                assert g.bit_generator.state == want.bit_generator.state, (seed, c, step, extra)
+    assert client_generators(0, Stream.BATCH, [], 0) == client_generators(0, Stream.BATCH, [], 0, together=True) == []
+
+
+def test_client_generators_are_made_together_from_together_from_clients_on():
+    """The hash over all keys where it is faster; a few clients' own generators below."""
+    seeds = [type(g.bit_generator.seed_seq) for g in client_generators(0, Stream.BATCH, list(range(TOGETHER_FROM)), 1)]
+    assert seeds == [KeyedSeed] * TOGETHER_FROM
+    few = client_generators(0, Stream.BATCH, list(range(TOGETHER_FROM - 1)), 1)
+    assert {type(g.bit_generator.seed_seq) for g in few} == {np.random.SeedSequence}
 
 
 def test_a_client_generators_seed_answers_as_its_seed_sequence():
     """What else a generator's seed is asked (entropy, other state sizes, spawn, pickling) is the
     ``SeedSequence`` of its key's, as :func:`generator`'s."""
-    (g,) = client_generators(2, Stream.BATCH, [9], 4)
+    (g,) = client_generators(2, Stream.BATCH, [9], 4, together=True)
     want = generator(2, Stream.BATCH, client=9, step=4)
     seed, ref = g.bit_generator.seed_seq, want.bit_generator.seed_seq
     assert isinstance(seed, KeyedSeed)
