@@ -114,16 +114,16 @@ def client_generators(
     >>> generator(0, Stream.BATCH, client=4, step=7).integers(100)
     np.int64(26)
     """
-    keys = [[seed, c, step, int(stream), *extra] for c in clients]
     if together is None:
         together = len(clients) >= TOGETHER_FROM
+    entries = [seed, step, int(stream), *extra, *clients]
     if (
         not together
-        or not keys
-        or not all(isinstance(k, (int, np.integer)) and 0 <= k <= 0xFFFFFFFF for k in keys[0] + clients)
+        or not clients
+        or not all(isinstance(k, (int, np.integer)) and 0 <= k <= 0xFFFFFFFF for k in entries)
     ):
         return [generator(seed, stream, client=c, step=step, extra=extra) for c in clients]
-    words = np.array(keys, np.uint32)
+    words = np.array([[seed, c, step, int(stream), *extra] for c in clients], np.uint32)
     # numpy's stubs name SeedSequence only; PCG64 takes any ISeedSequence
     return [np.random.Generator(np.random.PCG64(KeyedSeed(w, s))) for w, s in zip(words, seed_states(words))]  # type: ignore[arg-type]
 

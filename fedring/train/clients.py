@@ -234,8 +234,8 @@ class Clients:
             out[...] = like(row, out)
 
     def batch_draws(self, t: int, clients: list[int]) -> dict[int, np.random.Generator]:
-        """The generators of ``clients``' batches in round ``t``, on either path, made together
-        (:func:`fedring.rng.client_generators`)."""
+        """The generators of ``clients``' batches in round ``t``, on either path
+        (:func:`fedring.rng.client_generators`: made together where that is faster)."""
         return dict(zip(clients, client_generators(self.seed, Stream.BATCH, clients, t), strict=True))
 
     def data_poisoned(self, client: int) -> bool:
