@@ -86,7 +86,7 @@ def generator(
         if step is None:
             raise ValueError("a client's draws are keyed by a step (round or trial)")
         key = [seed, client, step, int(stream), *extra]
-    if all(isinstance(k, (int, np.integer)) and 0 <= k <= 0xFFFFFFFF for k in key):
+    if one_word_each(key):
         # one uint32 word each: the words numpy makes of the list entry by entry, made at once (the
         # same generator, sooner: a round makes one per client, and the device waits for them)
         return np.random.default_rng(np.random.SeedSequence(np.array(key, np.uint32)))
@@ -117,15 +117,17 @@ def client_generators(
     if together is None:
         together = len(clients) >= TOGETHER_FROM
     entries = [seed, step, int(stream), *extra, *clients]
-    if (
-        not together
-        or not clients
-        or not all(isinstance(k, (int, np.integer)) and 0 <= k <= 0xFFFFFFFF for k in entries)
-    ):
+    if not together or not clients or not one_word_each(entries):
         return [generator(seed, stream, client=c, step=step, extra=extra) for c in clients]
     words = np.array([[seed, c, step, int(stream), *extra] for c in clients], np.uint32)
     # numpy's stubs name SeedSequence only; PCG64 takes any ISeedSequence
     return [np.random.Generator(np.random.PCG64(KeyedSeed(w, s))) for w, s in zip(words, seed_states(words))]  # type: ignore[arg-type]
+
+
+def one_word_each(entries: list) -> bool:
+    """Whether every entry of a key is an integer that fits one uint32 word: numpy's
+    ``SeedSequence`` then takes the key's words as they are, in order."""
+    return all(isinstance(k, (int, np.integer)) and 0 <= k <= 0xFFFFFFFF for k in entries)
 
 
 #: the fewest clients whose generators :func:`client_generators` makes together: the hash over all
@@ -167,14 +169,18 @@ def seed_states(keys: np.ndarray) -> np.ndarray:
     h = _multipliers(_INIT_A, _MULT_A, calls)
     at = 0
 
-    def hashmix(values: npt.NDArray[np.uint32], count: int) -> npt.NDArray[np.uint32]:
-        """The hash's next ``count`` calls, call j on ``values[j]`` (rows of one value for all calls)."""
-        nonlocal at
-        out = values ^ h[at : at + count]
-        out *= h[at + 1 : at + count + 1]
+    def hashed(values: npt.NDArray[np.uint32], multipliers: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+        """Call j of the hash on ``values[j]``, with the running ``multipliers`` j and j + 1."""
+        out = values ^ multipliers[:-1]
+        out *= multipliers[1:]
         out ^= out >> _SHIFT
-        at += count
         return out
+
+    def hashmix(values: npt.NDArray[np.uint32], count: int) -> npt.NDArray[np.uint32]:
+        """The mixing hash's next ``count`` calls, call j on ``values[j]`` (rows of one value for all calls)."""
+        nonlocal at
+        at += count
+        return hashed(values, h[at - count : at + 1])
 
     def mix(x: npt.NDArray[np.uint32], y: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
         out = _MIX_L * x
@@ -190,9 +196,7 @@ def seed_states(keys: np.ndarray) -> np.ndarray:
         pool[others] = mix(pool[others], hashmix(pool[src], _POOL - 1))
     for src in range(_POOL, k):  # the key's words beyond the pool, each into every pool word
         pool = mix(pool, hashmix(keys[:, src], _POOL))
-    out = pool[[*range(_POOL)] * 2] ^ _multipliers(_INIT_B, _MULT_B, 2 * _POOL)[:-1]
-    out *= _multipliers(_INIT_B, _MULT_B, 2 * _POOL)[1:]
-    out ^= out >> _SHIFT
+    out = hashed(pool[[*range(_POOL)] * 2], _multipliers(_INIT_B, _MULT_B, 2 * _POOL))
     wide = out.astype(np.uint64)  # eight uint32 words a key: four uint64 words, the first of each pair the low half
     return np.ascontiguousarray((wide[0::2] | wide[1::2] << np.uint64(32)).T)
 
